@@ -1,0 +1,267 @@
+"""Process plumbing shared by the benchmark scripts (no load generation here).
+
+Servers under test run as child processes in their own process group so that a
+whole tree (uvicorn or granian workers, LiteLLM's helpers) can be measured and
+stopped together. Memory and CPU are read from /proc for the full tree, because
+a server's parent may only supervise while a child does the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+CHAT_BODY: dict[str, object] = {
+    "model": "fake-model",
+    "messages": [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Say hello in five words."},
+    ],
+    "n": 1,
+    "max_tokens": 16,
+    "temperature": 0.7,
+}
+
+
+def chat_body(model: str, stream: bool = False) -> bytes:
+    """The fixed small request every target gets, so only the target differs."""
+    body = dict(CHAT_BODY, model=model)
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+def free_port() -> int:
+    """An unused loopback port (the kernel picks; racy but fine on one machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pin_prefix(cpus: str | None) -> list[str]:
+    """``taskset -c CPUS`` when asked for and available, else nothing."""
+    if not cpus or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", cpus]
+
+
+@dataclass
+class Server:
+    """A started server process (group leader) and where its output goes."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+def start_server(
+    name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None
+) -> Server:
+    """Start ``argv`` in a new session with stdout/stderr to ``log_dir/name.log``."""
+    log = log_dir / f"{name}.log"
+    full_env = dict(os.environ, **(env or {}))
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            list(argv), stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+    return Server(name, proc, log)
+
+
+def stop_server(server: Server, grace_s: float = 5.0) -> None:
+    """SIGTERM the server's process group, SIGKILL it if it lingers."""
+    if server.proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.proc.wait(grace_s)
+
+
+def wait_ready(server: Server, url: str, body: bytes, timeout_s: float = 60.0) -> None:
+    """Poll ``url`` with a real request until it answers 200, or fail loudly."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited ({server.proc.returncode}):\n{server.tail()}")
+        status, last = _post(url, body)
+        if status == 200:
+            return
+        time.sleep(0.25)
+    raise RuntimeError(f"{server.name} not ready after {timeout_s:.0f}s: {last}\n{server.tail()}")
+
+
+def _post(url: str, body: bytes) -> tuple[int, str]:
+    req = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status), "ok"
+    except urllib.error.HTTPError as exc:
+        return exc.code, f"HTTP {exc.code}: {exc.read()[:300]!r}"
+    except (OSError, TimeoutError) as exc:
+        return 0, repr(exc)
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            kids.setdefault(ppid, []).append(int(entry.name))
+    return kids
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
+    kids = _children()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of the process tree rooted at ``pid`` (VmRSS summed), MiB."""
+    total_kib = 0
+    for p in tree(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+    return round(total_kib / 1024, 1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU time consumed so far by the tree rooted at ``pid``."""
+    ticks = 0
+    for p in tree(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / CLK_TCK
+
+
+def loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def machine_info() -> dict[str, object]:
+    """What a reader needs to judge the numbers: cores, load, Python, kernel."""
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": loadavg(),
+        "python": sys.version.split()[0],
+        "kernel": os.uname().release,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def run_loadgen(
+    url: str,
+    body_model: str,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    stream: bool = False,
+    cpus: str | None = None,
+    requests: int | None = None,
+) -> dict[str, object]:
+    """Run bench/loadgen.py in its own process (own core, own GIL) and parse its JSON."""
+    argv = [
+        *pin_prefix(cpus),
+        str(VENV_PY),
+        str(BENCH / "loadgen.py"),
+        url,
+        "--model",
+        body_model,
+        "-c",
+        str(concurrency),
+        "--duration",
+        str(duration_s),
+        "--warmup",
+        str(warmup_s),
+        "--json",
+    ]
+    if stream:
+        argv.append("--stream")
+    if requests:
+        argv += ["--requests", str(requests)]
+    out = subprocess.run(argv, capture_output=True, check=True, timeout=duration_s + 300)
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+@contextlib.contextmanager
+def measured(pid: int) -> Iterator[dict[str, float]]:
+    """Record the tree's CPU seconds and wall time spent inside the block."""
+    stats: dict[str, float] = {}
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    yield stats
+    stats["cpu_s"] = cpu_seconds(pid) - cpu0
+    stats["wall_s"] = time.monotonic() - t0
+
+
+def upstream_argv(port: int, module: str | None = None) -> list[str]:
+    """The fake upstream: ncap's own when importable, else the bench stand-in."""
+    mod = module or fake_upstream_module()
+    if mod == "ncap.testing.fake_upstream":
+        return [str(VENV_PY), "-m", mod, "--port", str(port)]
+    return [str(VENV_PY), str(BENCH / "standin_upstream.py"), "--port", str(port)]
+
+
+def fake_upstream_module() -> str:
+    """Which fake upstream exists; the stand-in is for harness development only."""
+    probe = subprocess.run(
+        [str(VENV_PY), "-c", "import ncap.testing.fake_upstream"], capture_output=True
+    )
+    if probe.returncode == 0:
+        return "ncap.testing.fake_upstream"
+    print(
+        "WARNING: ncap.testing.fake_upstream not importable; using bench/standin_upstream.py",
+        file=sys.stderr,
+    )
+    return "standin"
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured markdown table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,209 @@
+"""Budget windows and the admission rule every budget backend applies (SPEC §6).
+
+Two-phase budgets: the caller estimates conservatively (``reservation.py``), a store
+reserves atomically against *every* window or none (``admit`` below, run inside the
+store's critical section), and the attempt later settles with actual usage.
+
+Windows are fixed UTC buckets: the minute (``2026-11-29T10:15``), the day
+(``2026-11-29``) and the calendar month (``2026-11``); an exception's ``budget_usd``
+spans its whole life; concurrency counts held slots. Fixed buckets are what a Redis
+script can keep exactly, at the price of allowing up to twice a per-minute limit
+across a minute boundary. When several windows refuse, the error that retrying
+cannot fix wins (budgets first), so a client is never told to retry into a wall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from ncap.config import ExceptionGrant, Workload
+from ncap.domain.money import format_usd, micros_from_usd
+from ncap.errors import BudgetExhausted, ConcurrencyLimitExceeded, RateLimited, RateLimitExceeded
+
+__all__ = [
+    "CONCURRENCY_RETRY_AFTER_S",
+    "Amounts",
+    "Buckets",
+    "BudgetWindows",
+    "Usage",
+    "admit",
+]
+
+CONCURRENCY_RETRY_AFTER_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetWindows:
+    """A workload's limits (None: unlimited), USD already in micro-USD."""
+
+    tokens_per_minute: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    usd_per_day_micros: int | None = None
+    usd_per_month_micros: int | None = None
+    max_concurrency: int | None = None
+    exception_budget_micros: int | None = None
+
+    @classmethod
+    def for_workload(
+        cls, workload: Workload, exception: ExceptionGrant | None = None
+    ) -> BudgetWindows:
+        """The windows in force; pass the *engaged* exception (``Decision.exception_id``)."""
+        return cls(
+            tokens_per_minute=workload.tokens_per_minute,
+            requests_per_minute=workload.requests_per_minute,
+            tokens_per_day=workload.tokens_per_day,
+            usd_per_day_micros=micros_from_usd(workload.usd_per_day),
+            usd_per_month_micros=micros_from_usd(workload.usd_per_month),
+            max_concurrency=workload.max_concurrency,
+            exception_budget_micros=micros_from_usd(exception.budget_usd) if exception else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Amounts:
+    """What one attempt holds: tokens (input + output) and micro-USD; one request."""
+
+    tokens: int
+    cost_micros: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or self.cost_micros < 0:
+            raise ValueError("reserved amounts cannot be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class Buckets:
+    """The fixed window keys an instant falls in, and when each window rolls over."""
+
+    minute: str
+    day: str
+    month: str
+    now: datetime
+
+    @classmethod
+    def at(cls, now: datetime) -> Buckets:
+        if now.tzinfo is None:
+            raise ValueError("budget clocks must be timezone-aware")
+        utc = now.astimezone(UTC)
+        return cls(
+            minute=utc.strftime("%Y-%m-%dT%H:%M"),
+            day=utc.strftime("%Y-%m-%d"),
+            month=utc.strftime("%Y-%m"),
+            now=utc,
+        )
+
+    def seconds_to_next_minute(self) -> float:
+        nxt = self.now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        return (nxt - self.now).total_seconds()
+
+    def seconds_to_next_day(self) -> float:
+        nxt = self.now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+        return (nxt - self.now).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Current counters of one workload (and its engaged exception) in the live buckets."""
+
+    tokens_minute: int = 0
+    requests_minute: int = 0
+    tokens_day: int = 0
+    cost_day: int = 0
+    cost_month: int = 0
+    cost_exception: int = 0
+    in_flight: int = 0
+
+
+def admit(
+    workload_id: str,
+    exception_id: str | None,
+    usage: Usage,
+    windows: BudgetWindows,
+    amounts: Amounts,
+    buckets: Buckets,
+) -> None:
+    """Raise the error of the first window (budgets first) the reservation does not fit.
+
+    The amounts are never reduced to fit: a reservation fits whole or not at all.
+    """
+    error = _budget_error(workload_id, exception_id, usage, windows, amounts, buckets) or (
+        _rate_error(workload_id, usage, windows, amounts, buckets)
+    )
+    if error is not None:
+        raise error
+    if windows.max_concurrency is not None and usage.in_flight + 1 > windows.max_concurrency:
+        raise ConcurrencyLimitExceeded(
+            f"Workload '{workload_id}' already has {usage.in_flight} request(s) in flight, "
+            f"its limit is {windows.max_concurrency}. Retry shortly.",
+            retry_after=CONCURRENCY_RETRY_AFTER_S,
+        )
+
+
+def _budget_error(
+    workload_id: str,
+    exception_id: str | None,
+    usage: Usage,
+    windows: BudgetWindows,
+    amounts: Amounts,
+    buckets: Buckets,
+) -> RateLimited | None:
+    exception_budget = windows.exception_budget_micros if exception_id else None
+    checks = (
+        (f"exception '{exception_id}' budget", exception_budget, usage.cost_exception, None),
+        ("monthly USD budget", windows.usd_per_month_micros, usage.cost_month, None),
+        ("daily USD budget", windows.usd_per_day_micros, usage.cost_day, buckets),
+    )
+    for label, limit, used, resets in checks:
+        if limit is not None and used + amounts.cost_micros > limit:
+            return _exhausted(
+                f"Workload '{workload_id}': the {label} of {format_usd(limit)} cannot cover "
+                f"this request's reservation of {format_usd(amounts.cost_micros)} "
+                f"({format_usd(used)} already spent or held).",
+                resets,
+            )
+    limit = windows.tokens_per_day
+    if limit is not None and usage.tokens_day + amounts.tokens > limit:
+        return _exhausted(
+            f"Workload '{workload_id}': the daily token budget of {limit} cannot cover this "
+            f"request's reservation of {amounts.tokens} tokens ({usage.tokens_day} already "
+            "used or held).",
+            buckets,
+        )
+    return None
+
+
+def _exhausted(message: str, resets: Buckets | None) -> BudgetExhausted:
+    hint = " Lower n or max_completion_tokens, or wait for the budget period to reset."
+    retry = resets.seconds_to_next_day() if resets else None
+    return BudgetExhausted(message + hint, retry_after=retry)
+
+
+def _rate_error(
+    workload_id: str,
+    usage: Usage,
+    windows: BudgetWindows,
+    amounts: Amounts,
+    buckets: Buckets,
+) -> RateLimited | None:
+    tpm, rpm = windows.tokens_per_minute, windows.requests_per_minute
+    if tpm is not None and amounts.tokens > tpm:
+        return BudgetExhausted(
+            f"Workload '{workload_id}': this request reserves {amounts.tokens} tokens, more "
+            f"than its whole per-minute limit of {tpm}; it can never be admitted. Lower n or "
+            "max_completion_tokens."
+        )
+    wait = buckets.seconds_to_next_minute()
+    if tpm is not None and usage.tokens_minute + amounts.tokens > tpm:
+        return RateLimitExceeded(
+            f"Workload '{workload_id}': the tokens-per-minute limit of {tpm} is reached "
+            f"({usage.tokens_minute} used or held, {amounts.tokens} requested).",
+            retry_after=wait,
+        )
+    if rpm is not None and usage.requests_minute + 1 > rpm:
+        return RateLimitExceeded(
+            f"Workload '{workload_id}': the requests-per-minute limit of {rpm} is reached.",
+            retry_after=wait,
+        )
+    return None

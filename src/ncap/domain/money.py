@@ -1,0 +1,91 @@
+"""Money as integer micro-USD; floats never carry an amount.
+
+Route prices are configured in USD per million tokens, so a price of ``p`` USD/Mtok
+is exactly ``p`` micro-USD per token. Config floats are converted through ``str()``
+into ``Decimal`` (``0.15`` becomes ``Decimal("0.15")``, not the binary float
+``0.1499999…``), every product is exact, and a cost is rounded **up** to the next
+whole micro-USD once, on the total: a reservation or a charge is never below the
+exact price, and it is at most one micro-USD above it. Budget limits go the other
+way (rounded **down**), so a limit never admits more than the operator wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+from ncap.config import Pricing
+
+__all__ = [
+    "MICROS_PER_USD",
+    "Prices",
+    "cost_micros",
+    "format_usd",
+    "micros_from_usd",
+    "to_decimal",
+]
+
+MICROS_PER_USD = 1_000_000
+
+
+def to_decimal(value: float | int | str | Decimal) -> Decimal:
+    """The decimal a human wrote: ``str()`` first so 0.1 stays 0.1."""
+    if isinstance(value, Decimal):
+        return value
+    return Decimal(str(value))
+
+
+def micros_from_usd(usd: float | int | str | Decimal | None) -> int | None:
+    """A USD limit in whole micro-USD, rounded down (None stays None: no limit)."""
+    if usd is None:
+        return None
+    return int((to_decimal(usd) * MICROS_PER_USD).to_integral_value(rounding=ROUND_FLOOR))
+
+
+def format_usd(micros: int) -> str:
+    """``12_345`` -> ``$0.012345``: exact, for messages and reports."""
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), MICROS_PER_USD)
+    return f"{sign}${whole}.{frac:06d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Micro-USD per token (numerically equal to USD per million tokens)."""
+
+    input: Decimal
+    cached_input: Decimal
+    output: Decimal
+
+    @classmethod
+    def of(cls, pricing: Pricing) -> Prices:
+        """Cached tokens fall back to the input price when the route sets none."""
+        cached = pricing.cached_input_per_mtok
+        return cls(
+            input=to_decimal(pricing.input_per_mtok),
+            cached_input=to_decimal(cached if cached is not None else pricing.input_per_mtok),
+            output=to_decimal(pricing.output_per_mtok),
+        )
+
+
+def cost_micros(
+    input_tokens: int,
+    cached_input_tokens: int,
+    output_tokens: int,
+    pricing: Pricing | Prices,
+) -> int:
+    """Exact cost rounded up to a whole micro-USD.
+
+    ``input_tokens`` includes the cached ones (as OpenAI's ``prompt_tokens`` does);
+    cached tokens beyond the input count are treated as input, never as negative.
+    """
+    if min(input_tokens, cached_input_tokens, output_tokens) < 0:
+        raise ValueError("token counts cannot be negative")
+    prices = pricing if isinstance(pricing, Prices) else Prices.of(pricing)
+    cached = min(cached_input_tokens, input_tokens)
+    exact = (
+        (input_tokens - cached) * prices.input
+        + cached * prices.cached_input
+        + output_tokens * prices.output
+    )
+    return int(exact.to_integral_value(rounding=ROUND_CEILING))

@@ -1,0 +1,90 @@
+"""What the scheduler thread reports for a request, and the aggregated result.
+
+Events are plain frozen dataclasses: the scheduler sends lists of them to the caller's
+event loop, which turns them into wire chunks (``ncap.engine.wire``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ncap.errors import NcapError
+
+__all__ = [
+    "ChoiceDelta",
+    "ChoiceResult",
+    "Completion",
+    "Event",
+    "RequestDone",
+    "RequestFailed",
+    "TokenInfo",
+    "TopToken",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TopToken:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """One sampled token with its log-probability and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[TopToken, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    """New text for choice ``index`` (may be empty), its tokens' logprobs when asked for,
+    and its finish reason on its last delta."""
+
+    index: int
+    text: str
+    logprobs: tuple[TokenInfo, ...] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDone:
+    """Last event of a request: prompt counted once, tokens and mean logprob per choice."""
+
+    prompt_tokens: int
+    choice_tokens: tuple[int, ...]
+    mean_logprobs: tuple[float, ...]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.choice_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    error: NcapError
+
+
+Event = ChoiceDelta | RequestDone | RequestFailed
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    index: int
+    text: str = ""
+    finish_reason: str = "stop"
+    logprobs: list[TokenInfo] | None = None
+    tokens: int = 0
+    mean_logprob: float = float("-inf")
+
+
+@dataclass(slots=True)
+class Completion:
+    """A finished request: every choice, and usage (prompt once, completions summed)."""
+
+    choices: list[ChoiceResult]
+    prompt_tokens: int
+    completion_tokens: int

@@ -1,0 +1,242 @@
+"""One exception tree for the whole gateway, mapped to OpenAI's envelope once, at the edge.
+
+    NcapError                               (500 api_error, never shown with details)
+    ├── InvalidRequest                      400 invalid_request_error
+    │   ├── InvalidJSON                     400 invalid_json
+    │   ├── InvalidValue                    400 invalid_value
+    │   ├── InvalidType                     400 invalid_type
+    │   ├── MissingParameter                400 missing_required_parameter
+    │   ├── UnknownParameter                400 unknown_parameter
+    │   ├── ContextLengthExceeded           400 context_length_exceeded
+    │   └── PolicyDenied                    400 (policy codes, never retried)
+    │       ├── CandidateCountExceedsPolicy       candidate_count_exceeds_policy
+    │       ├── CandidatesWithGreedySampling      candidates_with_greedy_sampling
+    │       ├── RouteDoesNotSupportCandidates     route_does_not_support_candidates
+    │       ├── RouteContractStale                route_contract_stale
+    │       └── OutputCeilingExceedsPolicy        output_ceiling_exceeds_policy
+    ├── BodyTooLarge                        413 request_too_large
+    ├── InvalidApiKey                       401 invalid_api_key
+    ├── ModelNotFound                       404 model_not_found
+    ├── RateLimited                         429 (Retry-After)
+    │   ├── RateLimitExceeded                     rate_limit_exceeded
+    │   ├── ConcurrencyLimitExceeded              concurrency_limit_exceeded
+    │   ├── BudgetExhausted                       budget_exhausted (x-should-retry: false)
+    │   └── SlowDown                              slow_down
+    ├── Overloaded                          503 server_is_overloaded
+    ├── UpstreamError                       502 upstream_error
+    │   └── UpstreamTimeout                 504 upstream_timeout
+    └── ConfigError                         (CLI only: a configuration problem)
+
+Every class knows its HTTP status and OpenAI ``type``/``code``; the message of an
+``NcapError`` is written for the client. Anything else that escapes a handler is an
+internal error and is answered with a generic 500 envelope, never a stack trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "BodyTooLarge",
+    "BudgetExhausted",
+    "CandidateCountExceedsPolicy",
+    "CandidatesWithGreedySampling",
+    "ConcurrencyLimitExceeded",
+    "ConfigError",
+    "ContextLengthExceeded",
+    "InvalidApiKey",
+    "InvalidJSON",
+    "InvalidRequest",
+    "InvalidType",
+    "InvalidValue",
+    "MissingParameter",
+    "ModelNotFound",
+    "NcapError",
+    "OutputCeilingExceedsPolicy",
+    "Overloaded",
+    "PolicyDenied",
+    "RateLimitExceeded",
+    "RateLimited",
+    "RouteContractStale",
+    "RouteDoesNotSupportCandidates",
+    "SlowDown",
+    "UnknownParameter",
+    "UpstreamError",
+    "UpstreamTimeout",
+]
+
+
+class NcapError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "api_error"
+    code: ClassVar[str | None] = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after: float | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+
+    @property
+    def should_retry(self) -> bool | None:
+        """Value for ``x-should-retry``; None leaves the client's own rule in charge."""
+        return None
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.retry_after is not None:
+            out["retry-after"] = str(max(0, round(self.retry_after)))
+            out["retry-after-ms"] = str(max(0, int(self.retry_after * 1000)))
+        if self.should_retry is not None:
+            out["x-should-retry"] = "true" if self.should_retry else "false"
+        return out
+
+
+class InvalidRequest(NcapError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_value"
+
+    @property
+    def should_retry(self) -> bool | None:
+        return False
+
+
+class InvalidJSON(InvalidRequest):
+    code = "invalid_json"
+
+
+class InvalidValue(InvalidRequest):
+    code = "invalid_value"
+
+
+class InvalidType(InvalidRequest):
+    code = "invalid_type"
+
+
+class MissingParameter(InvalidRequest):
+    code = "missing_required_parameter"
+
+
+class UnknownParameter(InvalidRequest):
+    code = "unknown_parameter"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class PolicyDenied(InvalidRequest):
+    """A request the workload's policy refuses before dispatch; retrying cannot help."""
+
+    code = "policy_denied"
+
+
+class CandidateCountExceedsPolicy(PolicyDenied):
+    code = "candidate_count_exceeds_policy"
+
+
+class CandidatesWithGreedySampling(PolicyDenied):
+    code = "candidates_with_greedy_sampling"
+
+
+class RouteDoesNotSupportCandidates(PolicyDenied):
+    code = "route_does_not_support_candidates"
+
+
+class RouteContractStale(PolicyDenied):
+    code = "route_contract_stale"
+
+
+class OutputCeilingExceedsPolicy(PolicyDenied):
+    code = "output_ceiling_exceeds_policy"
+
+
+class BodyTooLarge(NcapError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class InvalidApiKey(NcapError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(NcapError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RateLimited(NcapError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class RateLimitExceeded(RateLimited):
+    code = "rate_limit_exceeded"
+
+
+class ConcurrencyLimitExceeded(RateLimited):
+    code = "concurrency_limit_exceeded"
+
+
+class BudgetExhausted(RateLimited):
+    code = "budget_exhausted"
+
+    @property
+    def should_retry(self) -> bool | None:
+        return False
+
+
+class SlowDown(RateLimited):
+    code = "slow_down"
+
+
+class Overloaded(NcapError):
+    status = 503
+    type = "server_error"
+    code = "server_is_overloaded"
+
+
+class UpstreamError(NcapError):
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class ConfigError(NcapError):
+    """A configuration problem; ``problems`` lists every one with its location."""
+
+    code = "config_error"
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]

@@ -1,0 +1,220 @@
+"""Composition root: builds stores, providers, accounting and the gateway, and the aiohttp app.
+
+Handlers are thin: authenticate, admit, hand raw bytes to ``Gateway``, write the reply.
+The one error middleware turns every ``NcapError`` into OpenAI's envelope and anything
+else into a generic 500 envelope (logged without request content), never a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from ncap.accounting import Accounting, Caller
+from ncap.admission import Admission
+from ncap.config import Config
+from ncap.errors import BodyTooLarge, InvalidApiKey, NcapError
+from ncap.metrics import Metrics
+from ncap.providers.base import Provider
+from ncap.providers.openai import OpenAIProvider
+from ncap.service import Gateway, Reply, RouteRuntime
+from ncap.stores import budgets_from_url, ledger_from_url
+
+__all__ = ["create_app", "hash_key"]
+
+log = logging.getLogger("ncap.http")
+_encode = msgspec.json.Encoder().encode
+
+GATEWAY = web.AppKey("gateway", Gateway)
+ADMISSION = web.AppKey("admission", Admission)
+CONFIG = web.AppKey("config", Config)
+ACCOUNTING = web.AppKey("accounting", Accounting)
+METRICS = web.AppKey("metrics", Metrics)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def hash_key(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def error_response(error: NcapError, request_id: str | None = None) -> web.Response:
+    headers = error.headers()
+    if request_id:
+        headers["x-request-id"] = request_id
+    return web.Response(
+        status=error.status,
+        body=_encode(error.envelope()),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except NcapError as exc:
+        return error_response(exc, request.get("request_id"))
+    except web.HTTPException as exc:
+        return _http_exception(exc)
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return error_response(
+            NcapError("The gateway had an internal error."), request.get("request_id")
+        )
+
+
+def _http_exception(exc: web.HTTPException) -> web.Response:
+    code = "not_found" if exc.status == 404 else "invalid_request"
+    err = {"message": exc.reason, "type": "invalid_request_error", "param": None, "code": code}
+    if exc.status == 413:
+        err.update(message="The request body is too large.", code="request_too_large")
+    return web.Response(
+        status=exc.status, body=_encode({"error": err}), content_type="application/json"
+    )
+
+
+def _authenticate(request: web.Request, config: Config) -> Caller:
+    if not config.keys:
+        return Caller("default", "default")
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() == "bearer" and key:
+        digest = hash_key(key.strip())
+        for entry in config.keys:
+            if secrets.compare_digest(entry.hash, digest):
+                return Caller(entry.workload, entry.environment)
+    raise InvalidApiKey("Incorrect API key provided.")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    request_id = "req-" + uuid.uuid4().hex
+    request["request_id"] = request_id
+    caller = _authenticate(request, app[CONFIG])
+    admission = app[ADMISSION]
+    admission.enter()
+    try:
+        raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
+        reply = await app[GATEWAY].chat(raw, caller, request_id)
+        return await _write(request, reply, request_id)
+    finally:
+        admission.leave()
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
+    raw = await request.content.read(limit + 1)
+    if len(raw) > limit:
+        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
+    return raw
+
+
+async def _write(request: web.Request, reply: Reply, request_id: str) -> web.StreamResponse:
+    reply.headers["x-request-id"] = request_id
+    if reply.stream is None:
+        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+    response = web.StreamResponse(status=reply.status, headers=reply.headers)
+    stream = reply.stream
+    try:
+        await response.prepare(request)
+        async for chunk in stream:
+            await response.write(chunk)
+    except (ConnectionError, OSError):
+        pass  # the client went away; closing the stream cancels the upstream request
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    return response
+
+
+async def list_models(request: web.Request) -> web.Response:
+    caller = _authenticate(request, request.app[CONFIG])
+    created = int(time.time())
+    data = [
+        {"id": alias, "object": "model", "created": created, "owned_by": "ncap"}
+        for alias in request.app[GATEWAY].models_for(caller)
+    ]
+    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+
+def _dumps(obj: Any) -> str:
+    return _encode(obj).decode()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    problems = await request.app[ACCOUNTING].check_ready()
+    status = 200 if not problems else 503
+    return web.json_response({"ready": not problems, "problems": problems}, status=status)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def build_provider(route_id: str, config: Config) -> Provider:
+    route = config.routes[route_id]
+    match route.provider:
+        case "openai":
+            return OpenAIProvider(route, route_id=route_id)
+        case "local":
+            from ncap.providers.local import LocalProvider
+
+            return LocalProvider(route)
+        case "gemini":
+            raise NcapError(f"route {route_id}: provider gemini is not available in this build")
+
+
+def create_app(config: Config, *, instance_id: str | None = None) -> web.Application:
+    """Wire every concrete part once; the app owns them and closes them on cleanup."""
+    app = web.Application(
+        middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes + 1024
+    )
+    instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
+    metrics_ = Metrics()
+    accounting = Accounting(
+        config,
+        ledger_from_url(config.stores.ledger),
+        budgets_from_url(config.stores.budgets),
+        instance=instance,
+        metrics=metrics_,
+    )
+    routes = {
+        rid: RouteRuntime(rid, route, build_provider(rid, config))
+        for rid, route in config.routes.items()
+    }
+    app[CONFIG] = config
+    app[ACCOUNTING] = accounting
+    app[METRICS] = metrics_
+    app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
+    app[GATEWAY] = Gateway(config, routes, accounting)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+    async def lifecycle(app: web.Application) -> Any:
+        await accounting.start()
+        yield
+        for rt in routes.values():
+            await rt.provider.aclose()
+        await accounting.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,74 @@
+"""The one Provider protocol every upstream adapter implements.
+
+A provider performs exactly one attempt: retries, fallbacks and the ledger belong to
+``ncap.service``, which records every attempt as its own event. Failures are raised as
+``AttemptFailed`` (converted from the transport's own exceptions where they enter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from ncap.protocol.responses import ResponseSummary
+from ncap.streaming.sse import StreamEvent
+
+__all__ = ["AttemptFailed", "Provider", "StreamEvent", "UpstreamResult"]
+
+FailureKind = Literal["status", "timeout", "connection", "protocol"]
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResult:
+    """A complete (non-streamed) upstream answer: the bytes to relay and what they say."""
+
+    status: int
+    body: bytes
+    summary: ResponseSummary
+    provider_request_id: str | None = None
+
+
+@dataclass(slots=True)
+class AttemptFailed(Exception):
+    """One attempt failed. ``retryable`` follows the route's retry rule (408/409/429/5xx,
+    connection errors, timeouts); ``body`` is the upstream's error body when it sent one."""
+
+    kind: FailureKind
+    status: int | None = None
+    retry_after: float | None = None
+    body: bytes = b""
+    provider_request_id: str | None = None
+    detail: str = ""
+    # set when part of a stream was already relayed: the attempt cannot be retried
+    partial: bool = field(default=False)
+    # False when the request provably never left (connection refused): nothing was billed
+    dispatched: bool = field(default=True)
+
+    @property
+    def retryable(self) -> bool:
+        if self.partial:
+            return False
+        if self.kind in ("timeout", "connection"):
+            return True
+        return self.status is not None and (self.status in (408, 409, 429) or self.status >= 500)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.status or ''} {self.detail}".strip()
+
+
+class Provider(Protocol):
+    """One route's upstream. ``body`` is the OpenAI-wire body to send (already rewritten
+    for the route: upstream model, output ceiling, stream options)."""
+
+    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult: ...
+
+    def stream(
+        self, body: Mapping[str, Any], *, timeout: float
+    ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamEvent]]]:
+        """Open a stream: yields (provider_request_id, events). Leaving the context
+        (client disconnect included) cancels the upstream request."""
+        ...
+
+    async def aclose(self) -> None: ...

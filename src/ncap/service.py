@@ -1,0 +1,357 @@
+"""The request lifecycle: validate → policy → reserve → dispatch (retry/fallback) → settle.
+
+``Gateway.chat`` turns raw request bytes and an authenticated caller into a ``Reply``
+(a complete body, or a stream of SSE bytes). Everything here talks to providers and
+stores through their protocols; ``http.app`` builds the concrete ones.
+
+Attempts: each try of a route (first call, retry, fallback) is an attempt with its own
+ledger event. A streamed attempt may only be retried before its first event reached the
+client; after that a failure ends the stream with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+
+from ncap.accounting import Accounting, AttemptReport, Caller, Plan
+from ncap.config import Config, Route
+from ncap.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    NcapError,
+    Overloaded,
+    RateLimited,
+    SlowDown,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
+from ncap.protocol.validate import parse_chat_request
+from ncap.providers.base import AttemptFailed, Provider, UpstreamResult
+from ncap.streaming.sse import DONE, StreamEvent, encode_event
+
+__all__ = ["Gateway", "Reply", "RouteRuntime"]
+
+T = TypeVar("T")
+_encode = msgspec.json.Encoder().encode
+_error_decoder = msgspec.json.Decoder(ErrorEnvelope)
+_MAX_RETRY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRuntime:
+    id: str
+    route: Route
+    provider: Provider
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+
+
+@dataclass(slots=True)
+class _StreamOpen:
+    """An upstream stream whose first event has arrived (so the attempt succeeded)."""
+
+    stack: AsyncExitStack
+    provider_request_id: str | None
+    events: AsyncIterator[StreamEvent]
+    first: StreamEvent | None
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What a relayed stream said about itself, per choice ``index``."""
+
+    provider_request_id: str | None = None
+    finish: dict[int, str | None] = field(default_factory=dict)
+    usage: Any = None
+    done: bool = False
+
+    def add(self, summary: ResponseSummary) -> None:
+        if self.provider_request_id is None:
+            self.provider_request_id = summary.id
+        for choice in summary.choices:
+            index = choice.index if choice.index is not None else 0
+            if choice.finish_reason is not None or index not in self.finish:
+                self.finish[index] = choice.finish_reason
+        if summary.usage is not None:
+            self.usage = summary.usage
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: Config,
+        routes: Mapping[str, RouteRuntime],
+        accounting: Accounting,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.routes = routes
+        self.accounting = accounting
+        self._sleep = sleep
+        self._extras = {
+            alias: frozenset(f for rid in chain for f in routes[rid].route.extra_fields)
+            for alias, chain in config.models.items()
+        }
+
+    def models_for(self, caller: Caller) -> list[str]:
+        workload = self.config.workloads[caller.workload_id]
+        return [alias for alias in self.config.models if workload.allows_model(alias)]
+
+    async def chat(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
+        body, request = parse_chat_request(raw, extra_fields=self._extra_fields)
+        chain = self._chain(request.model, caller)
+        plan = await self.accounting.admit(request_id, caller, request.model, body, chain)
+        try:
+            self._prepare_body(body, plan, chain[0].route)
+            if plan.stream:
+                return await self._stream(plan, body)
+            return await self._complete(plan, body)
+        except BaseException:
+            await self.accounting.abandon(plan)
+            raise
+
+    def _extra_fields(self, model: object) -> frozenset[str]:
+        return self._extras.get(model, frozenset()) if isinstance(model, str) else frozenset()
+
+    def _chain(self, alias: str, caller: Caller) -> list[RouteRuntime]:
+        route_ids = self.config.models.get(alias)
+        workload = self.config.workloads[caller.workload_id]
+        if route_ids is None or not workload.allows_model(alias):
+            raise ModelNotFound(
+                f"The model `{alias}` does not exist or you do not have access to it.",
+                param="model",
+            )
+        return [self.routes[rid] for rid in route_ids]
+
+    @staticmethod
+    def _prepare_body(body: dict[str, Any], plan: Plan, route: Route) -> None:
+        """The body every attempt sends: an explicit output ceiling (so the reservation
+        is real) and usage on streams where the route's contract can deliver it."""
+        if not plan.ceiling_from_request:
+            body["max_completion_tokens"] = plan.per_candidate_ceiling
+        if plan.stream and route.contract.stream_usage == "include_usage":
+            options = dict(body.get("stream_options") or {})
+            options["include_usage"] = True
+            body["stream_options"] = options
+
+    # -- non-streaming ---------------------------------------------------------------
+
+    async def _complete(self, plan: Plan, body: dict[str, Any]) -> Reply:
+        async def attempt(rt: RouteRuntime, number: int) -> UpstreamResult:
+            started = time.monotonic()
+            try:
+                result = await rt.provider.complete(
+                    _for_route(body, rt), timeout=rt.route.timeout_s
+                )
+            except AttemptFailed as exc:
+                await self.accounting.attempt_failed(plan, number, rt, exc, started)
+                raise
+            await self.accounting.attempt_answered(
+                plan, number, rt, _outcome_of(result.summary, result.provider_request_id), started
+            )
+            return result
+
+        rt, result = await self._attempts(plan, attempt)
+        headers = plan.headers(rt.id)
+        headers["x-ncap-candidates-returned"] = str(len(result.summary.choices))
+        headers["content-type"] = "application/json"
+        return Reply(200, headers, result.body)
+
+    # -- streaming -------------------------------------------------------------------
+
+    async def _stream(self, plan: Plan, body: dict[str, Any]) -> Reply:
+        async def attempt(rt: RouteRuntime, number: int) -> _StreamOpen:
+            started = time.monotonic()
+            try:
+                return await self._open_stream(rt, _for_route(body, rt))
+            except AttemptFailed as exc:
+                await self.accounting.attempt_failed(plan, number, rt, exc, started)
+                raise
+
+        rt, opened = await self._attempts(plan, attempt)
+        headers = plan.headers(rt.id)
+        headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
+        return Reply(200, headers, stream=self._relay(plan, rt, opened))
+
+    async def _open_stream(self, rt: RouteRuntime, body: Mapping[str, Any]) -> _StreamOpen:
+        stack = AsyncExitStack()
+        try:
+            rid, events = await stack.enter_async_context(
+                rt.provider.stream(body, timeout=rt.route.timeout_s)
+            )
+            first = await anext(events, None)
+        except BaseException:
+            await stack.aclose()
+            raise
+        return _StreamOpen(stack, rid, events, first)
+
+    async def _relay(
+        self, plan: Plan, rt: RouteRuntime, opened: _StreamOpen
+    ) -> AsyncIterator[bytes]:
+        """Forward each upstream event as it arrives; settle when the stream ends or is
+        cut (a cut stream stays pending with its reservation held)."""
+        tally = _Tally(provider_request_id=opened.provider_request_id)
+        number, started = plan.attempts, time.monotonic()
+        cut: str | None = "client_disconnect"
+        try:
+            async with opened.stack:
+                event = opened.first
+                while event is not None:
+                    out = self._take(event, tally, plan)
+                    if out:
+                        yield out
+                    if tally.done:
+                        break
+                    event = await anext(opened.events, None)
+                cut = None if tally.done else "stream_truncated"
+                if cut:
+                    yield _error_event(UpstreamError("The upstream stream ended early."))
+        except AttemptFailed as exc:
+            cut = "upstream_reset" if exc.kind != "protocol" else "malformed_stream"
+            yield _error_event(UpstreamError("The upstream stream failed mid-way."))
+        finally:
+            report = _stream_report(tally, cut)
+            finished = self.accounting.stream_finished(plan, number, rt, report, started)
+            await asyncio.shield(finished)
+
+    @staticmethod
+    def _take(event: StreamEvent, tally: _Tally, plan: Plan) -> bytes | None:
+        if event.summary is None:
+            tally.done = event.done or event.raw == DONE
+            return event.raw
+        tally.add(event.summary)
+        usage_only = event.summary.usage is not None and not event.summary.choices
+        if usage_only and not plan.client_wants_usage:
+            return None  # the usage chunk the gateway asked for on its own behalf
+        return event.raw
+
+    # -- retries and fallbacks -------------------------------------------------------
+
+    async def _attempts(
+        self, plan: Plan, call: Callable[[RouteRuntime, int], Awaitable[T]]
+    ) -> tuple[RouteRuntime, T]:
+        """Try the chain in order, each route up to 1 + retries times, with exponential
+        backoff and jitter, honouring Retry-After. Only retryable failures move on."""
+        last: AttemptFailed | None = None
+        for rt in plan.usable_routes:
+            for i in range(rt.route.retries + 1):
+                if last is not None:
+                    await self._sleep(_delay(rt.route, i, last))
+                plan.attempts += 1
+                await self.accounting.attempt_started(plan, plan.attempts, rt)
+                try:
+                    return rt, await call(rt, plan.attempts)
+                except AttemptFailed as exc:
+                    last = exc
+                    if not exc.retryable:
+                        raise _client_error(exc) from None
+        assert last is not None
+        raise _client_error(last) from None
+
+
+def _for_route(body: dict[str, Any], rt: RouteRuntime) -> dict[str, Any]:
+    if rt.route.upstream_model is None:
+        return body
+    routed = dict(body)
+    routed["model"] = rt.route.upstream_model
+    return routed
+
+
+def _delay(route: Route, retry: int, failure: AttemptFailed) -> float:
+    if failure.retry_after is not None and failure.retry_after <= _MAX_RETRY_AFTER_S:
+        return failure.retry_after
+    base = route.backoff_s * (2 ** max(0, retry - 1))
+    return float(base * random.uniform(0.75, 1.25))
+
+
+def _outcome_of(summary: ResponseSummary, provider_request_id: str | None) -> AttemptReport:
+    finish: dict[str, int] = {}
+    for choice in summary.choices:
+        reason = choice.finish_reason or "none"
+        finish[reason] = finish.get(reason, 0) + 1
+    return AttemptReport(
+        provider_request_id=provider_request_id or summary.id,
+        returned=len(summary.choices),
+        finish_reasons=finish,
+        usage=summary.usage,
+        stream=False,
+        cut=None,
+    )
+
+
+def _stream_report(tally: _Tally, cut: str | None) -> AttemptReport:
+    finish: dict[str, int] = {}
+    for reason in tally.finish.values():
+        key = reason or "none"
+        finish[key] = finish.get(key, 0) + 1
+    return AttemptReport(
+        provider_request_id=tally.provider_request_id,
+        returned=len(tally.finish),
+        finish_reasons=finish,
+        usage=tally.usage,
+        stream=True,
+        cut=cut,
+    )
+
+
+def _error_event(error: NcapError) -> bytes:
+    return encode_event(_encode(error.envelope()))
+
+
+def _client_error(failure: AttemptFailed) -> NcapError:
+    """The error the client sees once retries and fallbacks are spent (SPEC §3.2)."""
+    if failure.kind == "timeout":
+        return UpstreamTimeout("The upstream did not answer in time.")
+    if failure.kind in ("connection", "protocol") or failure.status is None:
+        return UpstreamError("The upstream failed to answer.")
+    upstream_code = _upstream_code(failure.body)
+    if failure.status == 429:
+        if upstream_code == "rate_limit_exceeded":
+            return RateLimited(
+                "The upstream rate limit was reached.", retry_after=failure.retry_after
+            )
+        return SlowDown(
+            "Your request rate increased too quickly upstream. Please back off.",
+            retry_after=failure.retry_after,
+        )
+    if failure.status == 503:
+        return Overloaded(
+            "The model is temporarily overloaded. Please retry your request after a brief delay.",
+            retry_after=failure.retry_after,
+        )
+    if failure.status in (400, 404, 422):
+        return _relayed_client_error(failure)
+    return UpstreamError(f"The upstream answered with status {failure.status}.")
+
+
+def _upstream_code(body: bytes) -> str | None:
+    try:
+        return _error_decoder.decode(body).error.code
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _relayed_client_error(failure: AttemptFailed) -> NcapError:
+    """An upstream's own 4xx about the request: keep its message, code and param."""
+    try:
+        err = _error_decoder.decode(failure.body).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return UpstreamError(f"The upstream rejected the request (status {failure.status}).")
+    relayed = InvalidRequest(f"Upstream: {err.message}", param=err.param, code=err.code)
+    return relayed

@@ -1,0 +1,145 @@
+"""Logic every backend shares, so the backends differ only in how they store things."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from uuid import uuid4
+
+from ncap.config import Pricing
+from ncap.domain.budget import Amounts, Buckets, Usage
+from ncap.domain.events import (
+    LEDGER_COLUMNS,
+    UNSETTLED_STATES,
+    LedgerEvent,
+    ReconciliationRow,
+    reconcile,
+)
+from ncap.stores.base import Hold, ImportResult
+
+# (subject, window, bucket, amount): one counter a hold adds to
+Entry = tuple[str, str, str, int]
+Key = tuple[str, str, str]
+
+LIFE_BUCKET = "life"
+MINUTE_WINDOWS = ("tokens_minute", "requests_minute")
+IMMUTABLE_COLUMNS = frozenset({"request_id", "attempt"})
+
+
+def new_hold(
+    workload_id: str,
+    exception_id: str | None,
+    amounts: Amounts,
+    buckets: Buckets,
+    gateway_instance: str,
+    hold_id: str | None,
+) -> Hold:
+    return Hold(
+        hold_id=hold_id or uuid4().hex,
+        workload_id=workload_id,
+        exception_id=exception_id,
+        tokens=amounts.tokens,
+        cost_micros=amounts.cost_micros,
+        minute=buckets.minute,
+        day=buckets.day,
+        month=buckets.month,
+        gateway_instance=gateway_instance,
+        created_at=buckets.now,
+    )
+
+
+def hold_entries(hold: Hold, tokens: int, cost: int, requests: int) -> list[Entry]:
+    """The counters a hold touches, each with the given amount (a delta when settling)."""
+    w = hold.workload_id
+    entries: list[Entry] = [
+        (w, "tokens_minute", hold.minute, tokens),
+        (w, "requests_minute", hold.minute, requests),
+        (w, "tokens_day", hold.day, tokens),
+        (w, "cost_day", hold.day, cost),
+        (w, "cost_month", hold.month, cost),
+    ]
+    if hold.exception_id is not None:
+        entries.append((hold.exception_id, "cost_exception", LIFE_BUCKET, cost))
+    return entries
+
+
+def usage_keys(workload_id: str, exception_id: str | None, b: Buckets) -> dict[str, Key]:
+    """Which counter feeds each ``Usage`` field (in-flight is counted from holds)."""
+    keys = {
+        "tokens_minute": (workload_id, "tokens_minute", b.minute),
+        "requests_minute": (workload_id, "requests_minute", b.minute),
+        "tokens_day": (workload_id, "tokens_day", b.day),
+        "cost_day": (workload_id, "cost_day", b.day),
+        "cost_month": (workload_id, "cost_month", b.month),
+    }
+    if exception_id is not None:
+        keys["cost_exception"] = (exception_id, "cost_exception", LIFE_BUCKET)
+    return keys
+
+
+def build_usage(keys: Mapping[str, Key], read: Callable[[Key], int], in_flight: int) -> Usage:
+    return Usage(in_flight=in_flight, **{name: read(key) for name, key in keys.items()})
+
+
+def hold_ref(hold: Hold | str) -> str:
+    return hold if isinstance(hold, str) else hold.hold_id
+
+
+def check_update_fields(fields: Mapping[str, object]) -> None:
+    unknown = set(fields) - set(LEDGER_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
+    if IMMUTABLE_COLUMNS & set(fields):
+        raise ValueError("request_id and attempt identify a row and cannot be updated")
+
+
+def is_lost(event: LedgerEvent, gateway_instance: str | None, before: datetime | None) -> bool:
+    if event.state != "reserved":
+        return False
+    if gateway_instance is not None and event.gateway_instance != gateway_instance:
+        return False
+    return before is None or event.timestamp < before
+
+
+def apply_import(
+    rows: Iterable[ReconciliationRow],
+    find: Callable[[str], list[LedgerEvent]],
+    write: Callable[[LedgerEvent], None],
+    pricing: Mapping[str, Pricing] | None,
+) -> ImportResult:
+    """Reconcile each row against the events ``find`` returns; ``write`` persists one."""
+    result = ImportResult()
+    prices = pricing or {}
+    for row in rows:
+        pid = row.provider_request_id
+        events = find(pid)
+        target = _target(events)
+        if target is None:
+            (result.ambiguous if events else result.unmatched).append(pid)
+            continue
+        outcome, updated = reconcile(target, row, prices.get(target.route_id or ""))
+        if outcome == "reconciled":
+            write(updated)
+            result.reconciled.append(updated)
+        else:
+            getattr(result, _BUCKET[outcome]).append(pid)
+    return result
+
+
+_BUCKET = {
+    "unchanged": "unchanged",
+    "conflict": "conflicts",
+    "not_pending": "not_pending",
+    "unpriced": "unpriced",
+}
+
+
+def _target(events: list[LedgerEvent]) -> LedgerEvent | None:
+    """The one event a provider id reconciles: unsettled first, else the reconciled one."""
+    for states in (UNSETTLED_STATES, ("reconciled",)):
+        hits = [e for e in events if e.state in states]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            return None
+    return events[0] if events else None  # settled or denied only: not pending

@@ -1,0 +1,225 @@
+"""SQLite plumbing shared by the ledger and the budgets: group commit, reads, migrations.
+
+GROUP COMMIT. One writer thread owns the write connection. Callers queue operations
+(``fn(conn) -> T``); the thread takes everything queued (up to ``max_batch``), runs
+each in its own SAVEPOINT inside one ``BEGIN IMMEDIATE`` transaction, commits once,
+and only then resolves every caller's future. An awaited write is therefore durable
+(per the ``synchronous`` level) while the hot path pays one commit per *batch*, not
+per request. An operation that raises is rolled back to its savepoint and fails
+alone; a failed COMMIT fails every operation of the batch. Nothing is swallowed.
+
+Durability: WAL with ``synchronous=FULL`` fsyncs the WAL at every commit, so an
+acknowledged write survives power loss; ``NORMAL`` survives a process crash but may
+lose the last commits on power loss. FULL is the default (see docs/decisions.md for
+the measurement); ``?synchronous=normal`` in the URL opts out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+__all__ = ["Migration", "SQLiteReader", "SQLiteWriter", "migrate"]
+
+T = TypeVar("T")
+Synchronous = Literal["FULL", "NORMAL"]
+Migration = tuple[int, str]
+
+BUSY_TIMEOUT_MS = 10_000
+_STOP = object()
+
+
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[[sqlite3.Connection], Any]
+    future: Future[Any] = field(default_factory=Future)
+
+
+def connect(path: Path, *, synchronous: Synchronous = "FULL") -> sqlite3.Connection:
+    """A connection in WAL mode with explicit transactions (autocommit driver mode)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> int:
+    """Apply the migrations newer than the file's ``schema_version``; returns the version."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version ("
+            " version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL DEFAULT (datetime('now')))"
+        )
+        row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+        current = int(row[0])
+        for version, script in sorted(migrations):
+            if version > current:
+                for statement in filter(str.strip, script.split(";")):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                current = version
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return current
+
+
+class SQLiteWriter:
+    """The single writer of one database file in this process (group commit)."""
+
+    def __init__(
+        self,
+        path: Path,
+        migrations: Sequence[Migration],
+        *,
+        synchronous: Synchronous = "FULL",
+        max_batch: int = 512,
+    ) -> None:
+        self.path = path
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._ready: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._main, args=(migrations, synchronous), name=f"ncap-sqlite:{path.name}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        self._ready.result()  # re-raises a failure to open or migrate the file
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in the next group transaction; returns once that has committed."""
+        if self._closed:
+            raise RuntimeError(f"SQLite store {self.path} is closed")
+        job = _Job(fn)
+        self._queue.put(job)
+        result: T = await asyncio.wrap_future(job.future)
+        return result
+
+    def run_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """The blocking form, for code that has no event loop (CLI, start-up)."""
+        if self._closed:
+            raise RuntimeError(f"SQLite store {self.path} is closed")
+        job = _Job(fn)
+        self._queue.put(job)
+        result: T = job.future.result()
+        return result
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        await asyncio.to_thread(self._thread.join)
+
+    def _main(self, migrations: Sequence[Migration], synchronous: Synchronous) -> None:
+        try:
+            conn = connect(self.path, synchronous=synchronous)
+            migrate(conn, migrations)
+        except BaseException as exc:
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        try:
+            while self._serve_batch(conn):
+                pass
+        finally:
+            conn.close()
+
+    def _serve_batch(self, conn: sqlite3.Connection) -> bool:
+        """Commit one batch; False once the stop marker has been seen."""
+        batch: list[_Job] = []
+        item = self._queue.get()
+        while item is not _STOP:
+            batch.append(item)
+            if len(batch) >= self._max_batch or self._queue.empty():
+                break
+            item = self._queue.get()
+        # a caller cancelled before its job started gets nothing written
+        live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if live:
+            _commit(conn, live)
+        return item is not _STOP
+
+
+def _commit(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+    outcomes: list[tuple[bool, Any]] = []
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        outcomes = [_run_one(conn, job) for job in batch]
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        _rollback(conn)
+        for job in batch:
+            _resolve(job.future, False, exc)
+        return
+    for job, (ok, value) in zip(batch, outcomes, strict=True):
+        _resolve(job.future, ok, value)
+
+
+def _run_one(conn: sqlite3.Connection, job: _Job) -> tuple[bool, Any]:
+    conn.execute("SAVEPOINT op")
+    try:
+        value = job.fn(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO op")
+        conn.execute("RELEASE op")
+        return False, exc
+    conn.execute("RELEASE op")
+    return True, value
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def _resolve(future: Future[Any], ok: bool, value: Any) -> None:
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+class SQLiteReader:
+    """One read connection on its own thread: WAL readers never block the writer."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"ncap-sqlite-read:{path.name}")
+        self._conn: sqlite3.Connection | None = None
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, fn)
+
+    def run_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return self._executor.submit(self._call, fn).result()
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            self._conn = connect(self._path)
+            self._conn.execute("PRAGMA query_only = 1")
+        return fn(self._conn)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._shutdown)
+
+    def _shutdown(self) -> None:
+        self._executor.submit(self._close_conn).result()
+        self._executor.shutdown(wait=True)
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,66 @@
+"""Server-sent events, bytes to events: the upstream side of the streaming relay.
+
+Each event's bytes are kept whole (``raw``) so the gateway relays exactly what arrived,
+one event at a time, without re-encoding; the parsed ``ResponseSummary`` carries only
+what settlement needs (indexes, finish reasons, usage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+
+import msgspec
+
+from ncap.protocol.responses import ResponseSummary
+
+__all__ = ["DONE", "MalformedEvent", "StreamEvent", "encode_event", "iter_events"]
+
+DONE = b"data: [DONE]\n\n"
+_summary_decoder = msgspec.json.Decoder(ResponseSummary)
+
+
+class MalformedEvent(ValueError):
+    """An event whose data is not the JSON of a chat.completion.chunk."""
+
+
+class StreamEvent(msgspec.Struct, frozen=True):
+    """One event: ``raw`` is relayed as-is; ``summary`` is None for ``[DONE]`` and for
+    events without data (comments, keep-alives)."""
+
+    raw: bytes
+    summary: ResponseSummary | None
+    done: bool = False
+
+
+def encode_event(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+async def iter_events(lines: AsyncIterable[bytes]) -> AsyncIterator[StreamEvent]:
+    """Group lines into events (a blank line ends one) and decode each event's data."""
+    raw: list[bytes] = []
+    data: list[bytes] = []
+    async for line in lines:
+        stripped = line.rstrip(b"\r\n")
+        if stripped:
+            raw.append(line)
+            if stripped.startswith(b"data:"):
+                data.append(stripped[5:].lstrip(b" "))
+            continue
+        if raw:
+            yield _event(raw, data)
+            raw, data = [], []
+    if raw:
+        yield _event(raw, data)
+
+
+def _event(raw: list[bytes], data: list[bytes]) -> StreamEvent:
+    payload = b"\n".join(data)
+    body = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in raw) + b"\n"
+    if not payload or payload == b"[DONE]":
+        return StreamEvent(body, None, done=bool(payload))
+    try:
+        summary = _summary_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise MalformedEvent(str(exc)) from exc
+    return StreamEvent(body, summary)

@@ -1,0 +1,174 @@
+"""Deterministic text for the fake upstream.
+
+The same messages always produce the same choices, so tests can compare a streamed
+answer (demultiplexed by ``index``) with the non-streamed one, and every choice
+differs from the others. Tokens are words: ``content.split()`` counts them exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "ChoiceText",
+    "ContentPart",
+    "PromptMessage",
+    "choice_text",
+    "digest_messages",
+    "digest_prompt",
+    "prompt_strings",
+]
+
+_VOCAB = [
+    "amber",
+    "basil",
+    "cedar",
+    "delta",
+    "ember",
+    "fable",
+    "garnet",
+    "harbor",
+    "iris",
+    "juniper",
+    "kestrel",
+    "lantern",
+    "meadow",
+    "nectar",
+    "orchid",
+    "pebble",
+    "quartz",
+    "raven",
+    "saffron",
+    "thistle",
+    "umber",
+    "velvet",
+    "willow",
+    "xenon",
+    "yarrow",
+    "zephyr",
+    "anchor",
+    "breeze",
+    "canyon",
+    "dune",
+    "estuary",
+    "fjord",
+    "glacier",
+    "heather",
+    "inlet",
+    "jetty",
+    "knoll",
+    "lagoon",
+    "marsh",
+    "north",
+    "ocean",
+    "prairie",
+    "quarry",
+    "ridge",
+    "summit",
+    "tundra",
+    "upland",
+    "valley",
+    "wharf",
+    "yonder",
+    "zenith",
+    "acorn",
+    "birch",
+    "clover",
+    "drift",
+    "elm",
+    "fern",
+    "grove",
+    "hazel",
+    "ivy",
+    "jasper",
+    "kelp",
+    "larch",
+    "maple",
+]
+_PIECES = tuple(" " + word for word in _VOCAB)
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+FinishReason = Literal["stop", "length"]
+
+
+class ContentPart(msgspec.Struct):
+    type: str = ""
+    text: str | None = None
+
+
+class PromptMessage(msgspec.Struct):
+    """The part of a chat message the fake reads; other fields are ignored."""
+
+    role: str = ""
+    content: str | list[ContentPart] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceText:
+    """One generated choice: its pieces (one token each) and why it stopped."""
+
+    pieces: list[str]
+    finish_reason: FinishReason
+
+    @property
+    def content(self) -> str:
+        return "".join(self.pieces)
+
+
+def _text_of(content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text or "" for part in content)
+
+
+def digest_messages(messages: list[PromptMessage]) -> tuple[int, int]:
+    """Return ``(seed, prompt_tokens)``: a stable hash of roles and texts, and
+    total characters // 4 plus one token per message."""
+    digest = hashlib.blake2b(digest_size=8)
+    chars = 0
+    for message in messages:
+        text = _text_of(message.content)
+        chars += len(text)
+        digest.update(f"{message.role}\x00{text}\x01".encode())
+    return int.from_bytes(digest.digest(), "little"), chars // 4 + len(messages)
+
+
+def digest_prompt(prompt: str) -> tuple[int, int]:
+    """Legacy completions: the same rule for one prompt string."""
+    seed = hashlib.blake2b(prompt.encode(), digest_size=8).digest()
+    return int.from_bytes(seed, "little"), len(prompt) // 4 + 1
+
+
+def choice_text(seed: int, index: int, cap: int | None, forced: int | None = None) -> ChoiceText:
+    """Choice ``index`` for ``seed``: "choice {index}: " then 6-16 words (or ``forced``
+    tokens in all), cut to ``cap`` tokens with finish_reason "length"."""
+    state = (seed ^ ((index + 1) * _GOLDEN)) & _MASK or 1
+    total = forced if forced is not None else 8 + state % 11
+    if cap is not None and cap < total:
+        total = max(cap, 0)
+        reason: FinishReason = "length"
+    else:
+        reason = "stop"
+    pieces = ["choice", f" {index}:"][:total]
+    for _ in range(total - len(pieces)):
+        state ^= (state << 13) & _MASK
+        state ^= state >> 7
+        state ^= (state << 17) & _MASK
+        pieces.append(_PIECES[state & 63])
+    return ChoiceText(pieces, reason)
+
+
+def prompt_strings(prompt: Any) -> list[str]:
+    """Legacy ``prompt`` (a string, strings, token ids or lists of them) as strings."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        return [" ".join(map(str, prompt))]
+    if isinstance(prompt, list) and prompt:
+        return [p if isinstance(p, str) else " ".join(map(str, p)) for p in prompt]
+    return [""]

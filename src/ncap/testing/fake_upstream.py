@@ -1,0 +1,562 @@
+"""An OpenAI-compatible fake provider with fault injection, for tests and benchmarks.
+
+It answers ``POST /v1/chat/completions`` and ``POST /v1/completions`` with deterministic
+text (see ``_fake_content``), honours ``n``, ``max_tokens``/``max_completion_tokens``,
+``stream`` and ``stream_options.include_usage``, and injects the faults of
+``_fake_faults`` per process (``--profile``) or per request (``x-fake-fault``,
+``x-fake-*`` headers; ``x-fake-fail-times: K`` with ``x-fake-fail-key`` applies them to
+the first K requests of that key only). ``GET /_fake/stats`` and ``POST /_fake/reset``
+expose what it received. It is the baseline of the gateway's benchmarks, so a request
+does little: one msgspec decode, one encode, no logging.
+
+Run it in-process with ``running_fake_upstream()``, or as a process with
+``python -m ncap.testing.fake_upstream --port P`` (uvloop when installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import signal
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from ncap.errors import UpstreamTimeout
+from ncap.testing._fake_content import (
+    ChoiceText,
+    PromptMessage,
+    choice_text,
+    digest_messages,
+    digest_prompt,
+    prompt_strings,
+)
+from ncap.testing._fake_faults import Faults, Plan, error_reply, parse_faults, resolve_plan
+from ncap.testing._fake_render import (
+    Events,
+    Generation,
+    UsageMode,
+    chat_body,
+    chat_events,
+    text_body,
+    text_events,
+)
+
+__all__ = [
+    "FAKE_MODEL",
+    "FakeState",
+    "FakeUpstream",
+    "create_app",
+    "main",
+    "running_fake_upstream",
+    "serve",
+]
+
+FAKE_MODEL = "fake-model"
+_RECENT_BODIES = 64
+_MODELS = msgspec.json.encode(
+    {
+        "object": "list",
+        "data": [{"id": FAKE_MODEL, "object": "model", "created": 1700000000, "owned_by": "ncap"}],
+    }
+)
+_MALFORMED = b'{"id": "chatcmpl-fake", "object": "chat.completion", "choices": [{"index": 0, "mess'
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class _ChatRequest(msgspec.Struct):
+    model: str = FAKE_MODEL
+    messages: list[PromptMessage] = []
+    n: int | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+
+
+class _TextRequest(msgspec.Struct):
+    model: str = FAKE_MODEL
+    prompt: Any = ""
+    n: int | None = None
+    best_of: int | None = None
+    max_tokens: int | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+
+
+_DECODE_CHAT = msgspec.json.Decoder(_ChatRequest).decode
+_DECODE_TEXT = msgspec.json.Decoder(_TextRequest).decode
+
+
+class FakeState:
+    """What one fake instance saw, and its per-key fail counters (kept on the app)."""
+
+    def __init__(self, faults: Faults, latency_ms: float) -> None:
+        self.faults = faults
+        self.base_latency_ms = latency_ms
+        self.default_plan = resolve_plan(faults, {}, latency_ms)
+        self.instance = secrets.token_hex(4)
+        self.serial = 0  # ids stay unique across resets
+        self.in_flight = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = 0
+        self.by_endpoint: dict[str, int] = {}
+        self.by_key: dict[str, int] = {}
+        self.last_headers: Mapping[str, str] | None = None
+        self.recent_bodies: deque[bytes] = deque(maxlen=_RECENT_BODIES)
+        self.max_in_flight = self.in_flight
+        self.disconnects = 0
+
+    def record(self, endpoint: str, headers: Mapping[str, str], body: bytes) -> str:
+        """Count one request; returns its provider request id."""
+        self.serial += 1
+        self.requests += 1
+        self.by_endpoint[endpoint] = self.by_endpoint.get(endpoint, 0) + 1
+        key = headers.get("x-fake-fail-key")
+        if key is None and "x-fake-fail-times" in headers:
+            key = "default"
+        if key is not None:
+            self.by_key[key] = self.by_key.get(key, 0) + 1
+        self.last_headers = headers
+        self.recent_bodies.append(body)
+        return f"req_fake_{self.instance}_{self.serial}"
+
+    def stats(self) -> dict[str, Any]:
+        headers = self.last_headers or {}
+        seen = {"Authorization": headers.get("Authorization")}
+        seen.update((k.lower(), v) for k, v in headers.items() if k.lower() != "authorization")
+        bodies = [_decode_body(body) for body in self.recent_bodies]
+        return {
+            "requests": self.requests,
+            "by_endpoint": dict(self.by_endpoint),
+            "by_key": dict(self.by_key),
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "disconnects": self.disconnects,
+            "last_headers_seen": seen,
+            "last_body": bodies[-1] if bodies else None,
+            "recent_bodies": bodies,
+        }
+
+
+def _decode_body(body: bytes) -> Any:
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body.decode("utf-8", "replace")
+
+
+STATE = web.AppKey("ncap_fake_state", FakeState)
+
+# --- request plumbing ---
+
+
+def _has_fake_headers(headers: Mapping[str, str]) -> bool:
+    return any(name[:7].lower() == "x-fake-" for name in headers)
+
+
+def _request_faults(state: FakeState, headers: Mapping[str, str]) -> Faults:
+    """The process profile, replaced by ``x-fake-fault``; empty once the key's fail
+    budget (``x-fake-fail-times``) is spent."""
+    spec = headers.get("x-fake-fault")
+    faults = state.faults if spec is None else parse_faults(spec)
+    if spec is None and "x-fake-latency-ms" in headers:
+        faults = Faults(faults.names | {"latency"}, faults.values)
+    times = headers.get("x-fake-fail-times")
+    if times is not None:
+        key = headers.get("x-fake-fail-key", "default")
+        if state.by_key.get(key, 0) > int(times):
+            return Faults()
+    return faults
+
+
+def _plan(state: FakeState, headers: Mapping[str, str]) -> Plan:
+    if not _has_fake_headers(headers):
+        return state.default_plan
+    return resolve_plan(_request_faults(state, headers), headers, state.base_latency_ms)
+
+
+def _json(
+    status: int, body: bytes, rid: str, extra: Mapping[str, str] | None = None
+) -> web.Response:
+    headers = {"Content-Type": "application/json", "x-request-id": rid}
+    if extra:
+        headers.update(extra)
+    return web.Response(status=status, body=body, headers=headers)
+
+
+def _bad_request(message: str, rid: str, param: str | None = None) -> web.Response:
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    return _json(400, msgspec.json.encode({"error": error}), rid)
+
+
+def _count(n: int | None) -> int:
+    if n is None:
+        return 1
+    if not 1 <= n <= 128:
+        raise ValueError("n must be between 1 and 128")
+    return n
+
+
+def _returned(n: int, plan: Plan) -> int:
+    if "extra_choices" in plan.names:
+        return n + 1
+    if "fewer_choices" in plan.names:
+        return n - 1
+    return n
+
+
+def _usage_mode(plan: Plan, options: _StreamOptions | None) -> UsageMode:
+    if options is None or not options.include_usage:
+        return "none"
+    if not plan.names.isdisjoint(("stream_no_usage", "missing_usage")):
+        return "none"
+    return "with_choices" if "usage_with_choices" in plan.names else "separate"
+
+
+async def _before_answer(plan: Plan, rid: str) -> web.Response | None:
+    """Latency, then a hang (``timeout``) or an error reply, if the plan has one."""
+    if plan.latency_ms > 0:
+        await asyncio.sleep(plan.latency_ms / 1000)
+    if "timeout" in plan.names:
+        await asyncio.sleep(plan.timeout_s)
+        timeout = UpstreamTimeout("The fake upstream hung past its timeout.")
+        return _json(504, msgspec.json.encode(timeout.envelope()), rid)
+    reply = error_reply(plan)
+    if reply is None:
+        return None
+    headers = {"Content-Type": reply.content_type, "x-request-id": rid, **reply.headers}
+    return web.Response(status=reply.status, body=reply.body, headers=headers)
+
+
+# --- answers ---
+
+
+async def _answer(
+    request: web.Request,
+    state: FakeState,
+    plan: Plan,
+    rid: str,
+    body: bytes,
+) -> web.StreamResponse:
+    """A complete JSON answer, corrupted or cut per the plan."""
+    if "malformed_json" in plan.names:
+        body = _MALFORMED
+    if "reset_mid_stream" not in plan.names:
+        return _json(200, body, rid)
+    response = web.StreamResponse(headers={"Content-Type": "application/json", "x-request-id": rid})
+    response.content_length = len(body)
+    await response.prepare(request)
+    await response.write(body[: len(body) // 2])
+    _abort(request)
+    return response
+
+
+def _shape_events(plan: Plan, events: Events) -> list[bytes]:
+    """Apply the stream faults that change which events are sent."""
+    data = events.data
+    if not plan.names.isdisjoint(("reset_mid_stream", "truncated_stream")):
+        after = plan.after_chunks if plan.after_chunks is not None else events.first_content + 2
+        data = data[: max(0, min(after, events.first_finish))]
+    if "malformed_json" in plan.names and events.first_content <= len(data):
+        cut = events.first_content
+        data = [*data[:cut], b"data: " + _MALFORMED + b"\n\n", *data[cut:]]
+    return data
+
+
+async def _write_events(response: web.StreamResponse, plan: Plan, data: list[bytes]) -> None:
+    """Write the events: all at once, or one by one with the plan's pauses/fragments."""
+    names = plan.names
+    paced = not names.isdisjoint(("slow_chunks", "first_chunk_then_pause", "fragmented_stream"))
+    if not paced:
+        await response.write(b"".join(data))
+        return
+    for position, event in enumerate(data):
+        if "fragmented_stream" in names:
+            for start in range(0, len(event), plan.fragment_bytes):
+                await response.write(event[start : start + plan.fragment_bytes])
+                await asyncio.sleep(0)
+        else:
+            await response.write(event)
+        if position == 0 and "first_chunk_then_pause" in names:
+            await asyncio.sleep(plan.pause_ms / 1000)
+        elif "slow_chunks" in names:
+            await asyncio.sleep(plan.chunk_delay_ms / 1000)
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _stream(
+    request: web.Request, state: FakeState, plan: Plan, rid: str, events: Events
+) -> web.StreamResponse:
+    headers = {
+        "Content-Type": "text/event-stream",
+        "Cache-Control": "no-cache",
+        "x-request-id": rid,
+    }
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    try:
+        await _write_events(response, plan, _shape_events(plan, events))
+        if "reset_mid_stream" in plan.names:
+            _abort(request)
+        else:
+            await response.write_eof()
+    except ConnectionResetError:
+        state.disconnects += 1
+    return response
+
+
+# --- endpoints ---
+
+
+def _cap(*limits: int | None) -> int | None:
+    given = [limit for limit in limits if limit is not None]
+    return min(given) if given else None
+
+
+async def _serve_chat(
+    request: web.Request, state: FakeState, body: bytes, rid: str
+) -> web.StreamResponse:
+    try:
+        plan = _plan(state, request.headers)
+        req = _DECODE_CHAT(body)
+        n = _count(req.n)
+    except (ValueError, msgspec.DecodeError) as exc:
+        return _bad_request(str(exc), rid)
+    early = await _before_answer(plan, rid)
+    if early is not None:
+        return early
+    seed, prompt_tokens = digest_messages(req.messages)
+    cap = _cap(req.max_completion_tokens, req.max_tokens)
+    choices = [choice_text(seed, i, cap, plan.completion_tokens) for i in range(_returned(n, plan))]
+    gen = Generation(
+        id=f"chatcmpl-fake-{state.serial}",
+        created=int(time.time()),
+        model=req.model,
+        choices=choices,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=plan.cached_tokens,
+        reasoning_tokens=plan.reasoning_tokens,
+    )
+    if req.stream:
+        return await _stream(
+            request, state, plan, rid, chat_events(gen, _usage_mode(plan, req.stream_options))
+        )
+    return await _answer(
+        request, state, plan, rid, chat_body(gen, with_usage="missing_usage" not in plan.names)
+    )
+
+
+def _text_choices(req: _TextRequest, n: int, plan: Plan) -> tuple[list[ChoiceText], int, int]:
+    """Legacy: per prompt, ``best_of`` candidates of which the first ``n`` are returned;
+    returns (choices, prompt_tokens, completion tokens of the unreturned candidates)."""
+    best_of = max(req.best_of or n, n)
+    cap = 16 if req.max_tokens is None else req.max_tokens
+    choices: list[ChoiceText] = []
+    prompt_tokens = unreturned = 0
+    for prompt in prompt_strings(req.prompt):
+        seed, tokens = digest_prompt(prompt)
+        prompt_tokens += tokens
+        candidates = [choice_text(seed, i, cap, plan.completion_tokens) for i in range(best_of)]
+        choices.extend(candidates[: _returned(n, plan)])
+        unreturned += sum(len(c.pieces) for c in candidates[n:])
+    return choices, prompt_tokens, unreturned
+
+
+async def _serve_text(
+    request: web.Request, state: FakeState, body: bytes, rid: str
+) -> web.StreamResponse:
+    try:
+        plan = _plan(state, request.headers)
+        req = _DECODE_TEXT(body)
+        n = _count(req.n)
+    except (ValueError, msgspec.DecodeError) as exc:
+        return _bad_request(str(exc), rid)
+    early = await _before_answer(plan, rid)
+    if early is not None:
+        return early
+    choices, prompt_tokens, unreturned = _text_choices(req, n, plan)
+    gen = Generation(
+        id=f"cmpl-fake-{state.serial}",
+        created=int(time.time()),
+        model=req.model,
+        choices=choices,
+        prompt_tokens=prompt_tokens,
+        extra_completion_tokens=unreturned,
+    )
+    if req.stream:
+        return await _stream(
+            request, state, plan, rid, text_events(gen, _usage_mode(plan, req.stream_options))
+        )
+    return await _answer(
+        request, state, plan, rid, text_body(gen, with_usage="missing_usage" not in plan.names)
+    )
+
+
+_Serve = Callable[[web.Request, FakeState, bytes, str], Awaitable[web.StreamResponse]]
+
+
+def _endpoint(name: str, serve: _Serve) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Wrap ``serve`` with the counters every completion endpoint keeps."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        body = await request.read()
+        rid = state.record(name, request.headers, body)
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            return await serve(request, state, body, rid)
+        except asyncio.CancelledError:  # the client went away (handler cancellation)
+            state.disconnects += 1
+            raise
+        finally:
+            state.in_flight -= 1
+
+    return handler
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.Response(body=_MODELS, headers={"Content-Type": "application/json"})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    stats = request.app[STATE].stats()
+    return web.Response(
+        body=msgspec.json.encode(stats), headers={"Content-Type": "application/json"}
+    )
+
+
+async def _reset(request: web.Request) -> web.Response:
+    request.app[STATE].reset()
+    return web.Response(body=b'{"ok":true}', headers={"Content-Type": "application/json"})
+
+
+def create_app(profile: str | None = None, latency_ms: float = 0.0) -> web.Application:
+    """The fake's aiohttp app; ``profile`` applies to every request without ``x-fake-fault``.
+    Raises ValueError for an unknown profile."""
+    app = web.Application()
+    app[STATE] = FakeState(parse_faults(profile), latency_ms)
+    app.router.add_post("/v1/chat/completions", _endpoint("chat.completions", _serve_chat))
+    app.router.add_post("/v1/completions", _endpoint("completions", _serve_text))
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/_fake/stats", _stats)
+    app.router.add_post("/_fake/reset", _reset)
+    return app
+
+
+def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
+    # handler_cancellation: a client that leaves cancels its handler (no hung tasks)
+    return web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout
+    )
+
+
+# --- running it ---
+
+
+@dataclass(frozen=True, slots=True)
+class FakeUpstream:
+    """A running in-process fake: its OpenAI base URL and its counters."""
+
+    base_url: str
+    state: FakeState
+
+    def stats(self) -> dict[str, Any]:
+        return self.state.stats()
+
+    def reset(self) -> None:
+        self.state.reset()
+
+
+@asynccontextmanager
+async def running_fake_upstream(
+    profile: str | None = None, *, latency_ms: float = 0.0, host: str = "127.0.0.1"
+) -> AsyncIterator[FakeUpstream]:
+    """Serve the fake on an ephemeral port of ``host`` for the duration of the block."""
+    app = create_app(profile, latency_ms)
+    runner = _runner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, 0).start()
+        port = runner.addresses[0][1]
+        yield FakeUpstream(f"http://{host}:{port}/v1", app[STATE])
+    finally:
+        await runner.cleanup()
+
+
+async def _serve_until_signalled(
+    host: str, port: int, profile: str | None, latency_ms: float, announce: Callable[[str], None]
+) -> None:
+    app = create_app(profile, latency_ms)
+    runner = _runner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.TCPSite(runner, host, port, backlog=1024).start()
+        announce(f"ncap fake-upstream listening on http://{host}:{runner.addresses[0][1]}/v1")
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def serve(
+    host: str,
+    port: int,
+    profile: str | None = None,
+    latency_ms: float = 0.0,
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM on uvloop when installed; ``announce`` gets the
+    "listening on <base_url>" line once the port is bound (port 0 picks one)."""
+    parse_faults(profile)  # fail before binding
+    say = announce or (lambda line: print(line, flush=True))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve_until_signalled(host, port, profile, latency_ms, say))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ncap.testing.fake_upstream")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--profile", default=None, help="name[=value],... (see _fake_faults)")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    try:
+        serve(args.host, args.port, args.profile, args.latency_ms)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+if __name__ == "__main__":
+    main()
