@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
+
 @dataclass
 class Window:
     """The measurement interval, on the perf_counter clock; end grows in count mode."""

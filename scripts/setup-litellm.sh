@@ -4,15 +4,16 @@
 # Idempotent: a marker file records a finished install; re-running is a no-op.
 #
 # Usage: scripts/setup-litellm.sh [--check]
-#   --check   also start the proxy once against a stand-in upstream and send one
-#             request through it (needs .venv with ncap installed).
+#   --check   also start the proxy once against the fake upstream and measure it for
+#             a second (bench/gateway_bench.py --targets litellm; needs .venv).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv-litellm"
 MARKER="$VENV/.ncap-litellm-installed"
 PYTHON="${PYTHON:-python3}"
-# Pinned so benchmark numbers stay comparable across runs; override to try another.
+# Override to pin a version (e.g. LITELLM_SPEC='litellm[proxy]==1.108.7'); the installed
+# version is recorded in the marker and in bench/results/gateway.json.
 LITELLM_SPEC="${LITELLM_SPEC:-litellm[proxy]}"
 
 if [[ -f "$MARKER" ]] && [[ -x "$VENV/bin/litellm" ]]; then
@@ -27,5 +28,6 @@ else
 fi
 
 if [[ "${1:-}" == "--check" ]]; then
-    exec "$ROOT/.venv/bin/python" "$ROOT/bench/litellm_check.py"
+    exec "$ROOT/.venv/bin/python" "$ROOT/bench/gateway_bench.py" --targets litellm \
+        --concurrency 1 --duration 1 --warmup 0.5 --output /dev/null
 fi

@@ -128,10 +128,15 @@ class Accounting:
         await self.budgets.close()
 
     async def check_ready(self) -> list[str]:
+        """Each store answers a cheap read; the problem list names the ones that did not."""
         problems = []
-        for name, store in (("ledger", self.ledger), ("budgets", self.budgets)):
+        probes = (
+            ("ledger", self.ledger.get("readyz-probe")),
+            ("budgets", self.budgets.usage(next(iter(self.config.workloads)))),
+        )
+        for name, probe in probes:
             try:
-                await store.ping()
+                await probe
             except Exception as exc:  # readiness reports any failure, whatever its type
                 problems.append(f"{name}: {type(exc).__name__}")
         return problems

@@ -186,6 +186,9 @@ class Route(_Model):
     backoff_s: float = Field(0.5, ge=0)
     max_connections: int = Field(1024, ge=1)
     extra_fields: list[str] = []
+    # static headers sent upstream on every attempt (e.g. an organisation id); never
+    # the client's own headers, which are not forwarded
+    headers: dict[str, str] = {}
     pricing: Pricing = Pricing()
     contract: Contract = Contract()
     # provider: local

@@ -29,6 +29,11 @@ ConfigOpt = Annotated[
 err = Console(stderr=True)
 
 
+def load_or_exit(path: Path | None) -> Config:
+    """The config, or every problem printed and exit status 2."""
+    return _config(path)
+
+
 def _config(path: Path | None) -> Config:
     try:
         return load_config(path)
@@ -121,6 +126,16 @@ def fake_upstream(
 
     _use_uvloop()
     run_fake_upstream(host, port, profile, latency_ms)
+
+
+def _mount() -> None:
+    from ncap.cli.ledger import ledger_app, reconcile_app
+
+    app.add_typer(ledger_app, name="ledger")
+    app.add_typer(reconcile_app, name="reconcile")
+
+
+_mount()
 
 
 def _mount_optional() -> None:

@@ -104,14 +104,11 @@ def estimate_input_tokens(
 
 
 def _message_tokens(message: Mapping[str, Any]) -> int:
-    """Bytes of the message, with every image part raised to the image allowance."""
-    images = list(_image_parts(message.get("content")))
-    if not images:
-        return _json_bytes(message)
-    stripped = {k: v for k, v in message.items() if k != "content"}
-    others = [p for p in message.get("content") or [] if p not in images]
-    image_tokens = sum(max(IMAGE_PART_TOKENS, _json_bytes(p)) for p in images)
-    return _json_bytes(stripped) + _json_bytes(others) + image_tokens
+    """Bytes of the message, each image part topped up to the image allowance."""
+    top_up = sum(
+        max(0, IMAGE_PART_TOKENS - _json_bytes(p)) for p in _image_parts(message.get("content"))
+    )
+    return _json_bytes(message) + top_up
 
 
 def _image_parts(content: Any) -> Iterable[Any]:

@@ -63,7 +63,7 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 def _role(message: Mapping[str, Any], i: int) -> str:
     role = message.get("role")
     if role not in _ROLES:
-        raise InvalidValue(f"unknown role {role!r}", param=f"messages.{i}.role")
+        raise InvalidValue(f"unknown role {role!r}", param=f"messages.[{i}].role")
     return _ROLES[role]
 
 
@@ -72,13 +72,15 @@ def _content(content: Any, i: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
-        raise InvalidType("content must be a string or a list of parts", param=f"messages.{i}")
+        raise InvalidType(
+            "content must be a string or a list of parts", param=f"messages.[{i}].content"
+        )
     texts = []
     for j, part in enumerate(content):
         if not isinstance(part, Mapping) or part.get("type") not in ("text", "refusal"):
             raise InvalidValue(
                 "the local engine accepts text content parts only",
-                param=f"messages.{i}.content.{j}",
+                param=f"messages.[{i}].content.[{j}]",
             )
         texts.append(str(part.get("text") or part.get("refusal") or ""))
     return "".join(texts)

@@ -190,7 +190,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     accounting = Accounting(
         config,
         ledger_from_url(config.stores.ledger),
-        budgets_from_url(config.stores.budgets),
+        budgets_from_url(config.stores.budgets, gateway_instance=instance),
         instance=instance,
         metrics=metrics_,
     )

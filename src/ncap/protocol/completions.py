@@ -33,7 +33,7 @@ __all__ = ["CompletionRequest", "PromptItem"]
 PromptItem = str | int | Annotated[list[int], Meta(min_length=1)]
 
 
-class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
     """The 18 body fields of ``CreateCompletionRequest``, in the reference's order."""
 
     model: str

@@ -48,7 +48,7 @@ class OpenAIProvider:
         self._url = route.base_url.rstrip("/") + "/chat/completions"
         self._connect_timeout = route.connect_timeout_s
         self._limit = route.max_connections
-        self._headers = {"Content-Type": "application/json"}
+        self._headers = {**route.headers, "Content-Type": "application/json"}
         key = os.environ.get(route.api_key_env) if route.api_key_env else None
         if key:
             self._headers["Authorization"] = f"Bearer {key}"

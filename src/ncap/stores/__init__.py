@@ -1,0 +1,116 @@
+"""Ledger and budget stores, chosen by URL scheme (SPEC Appendix A ``stores:``).
+
+``memory://``            in-process, nothing persisted (tests, throw-away runs)
+``sqlite:///rel/path``   a file relative to the working directory (parent created)
+``sqlite:////abs/path``  an absolute path; ``?synchronous=normal`` trades power-loss
+                         durability of the last commits for speed (default FULL)
+``postgresql://…``       ledger shared by every replica (not in this build yet)
+``redis://…``            budgets shared by every replica (not in this build yet)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from ncap.config import utcnow
+from ncap.errors import ConfigError
+from ncap.stores._sqlite import Synchronous
+from ncap.stores.base import (
+    BudgetStore,
+    DuplicateAttempt,
+    Hold,
+    HoldState,
+    ImportResult,
+    LedgerStore,
+    hold_id_for,
+)
+from ncap.stores.memory_budget import MemoryBudgetStore
+from ncap.stores.memory_ledger import MemoryLedgerStore
+from ncap.stores.sqlite_budget import SQLiteBudgetStore
+from ncap.stores.sqlite_ledger import SQLiteLedgerStore
+
+__all__ = [
+    "BudgetStore",
+    "DuplicateAttempt",
+    "Hold",
+    "HoldState",
+    "ImportResult",
+    "LedgerStore",
+    "MemoryBudgetStore",
+    "MemoryLedgerStore",
+    "SQLiteBudgetStore",
+    "SQLiteLedgerStore",
+    "budgets_from_url",
+    "hold_id_for",
+    "ledger_from_url",
+    "sqlite_target",
+]
+
+_LATER = {
+    "postgresql": "PostgreSQL",
+    "postgres": "PostgreSQL",
+    "redis": "Redis",
+    "rediss": "Redis",
+}
+
+
+def ledger_from_url(url: str) -> LedgerStore:
+    """The ledger store ``url`` names; ``ConfigError`` for anything unusable."""
+    scheme = _scheme(url, "ledger")
+    if scheme == "memory":
+        return MemoryLedgerStore()
+    if scheme == "sqlite":
+        path, synchronous = sqlite_target(url)
+        return SQLiteLedgerStore(path, synchronous=synchronous)
+    raise _unsupported(url, "ledger")
+
+
+def budgets_from_url(
+    url: str, *, gateway_instance: str = "local", clock: Callable[[], datetime] = utcnow
+) -> BudgetStore:
+    """The budget store ``url`` names; holds are tagged with ``gateway_instance``."""
+    scheme = _scheme(url, "budgets")
+    if scheme == "memory":
+        return MemoryBudgetStore(gateway_instance=gateway_instance, clock=clock)
+    if scheme == "sqlite":
+        path, synchronous = sqlite_target(url)
+        return SQLiteBudgetStore(
+            path, gateway_instance=gateway_instance, clock=clock, synchronous=synchronous
+        )
+    raise _unsupported(url, "budgets")
+
+
+def sqlite_target(url: str) -> tuple[Path, Synchronous]:
+    """``sqlite:///rel`` / ``sqlite:////abs`` -> (path, synchronous); creates the parent."""
+    parts = urlsplit(url)
+    if parts.netloc or not parts.path.startswith("/") or parts.path in ("/", "/:memory:"):
+        raise ConfigError(
+            f"{url!r}: use sqlite:///relative/path or sqlite:////absolute/path "
+            "(memory:// for a store that is not persisted)"
+        )
+    path = Path(parts.path[1:])
+    sync = parse_qs(parts.query).get("synchronous", ["full"])[-1].upper()
+    if sync not in ("FULL", "NORMAL"):
+        raise ConfigError(f"{url!r}: synchronous must be full or normal")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{url!r}: cannot create {path.parent}: {exc.strerror}") from exc
+    return path, "FULL" if sync == "FULL" else "NORMAL"
+
+
+def _scheme(url: str, store: str) -> str:
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in _LATER:
+        raise ConfigError(
+            f"stores.{store}: {_LATER[scheme]} ({scheme}://) is not available in this build "
+            "yet; use sqlite:///PATH or memory://"
+        )
+    return scheme
+
+
+def _unsupported(url: str, store: str) -> ConfigError:
+    return ConfigError(f"stores.{store}: unsupported store URL {url!r}")

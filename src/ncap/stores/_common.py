@@ -22,7 +22,6 @@ Entry = tuple[str, str, str, int]
 Key = tuple[str, str, str]
 
 LIFE_BUCKET = "life"
-MINUTE_WINDOWS = ("tokens_minute", "requests_minute")
 IMMUTABLE_COLUMNS = frozenset({"request_id", "attempt"})
 
 

@@ -39,6 +39,8 @@ _STOP = object()
 @dataclass(slots=True)
 class _Job:
     fn: Callable[[sqlite3.Connection], Any]
+    # one statement is atomic by itself; several need a savepoint to fail alone
+    single_statement: bool = False
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -97,11 +99,17 @@ class SQLiteWriter:
         self._thread.start()
         self._ready.result()  # re-raises a failure to open or migrate the file
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in the next group transaction; returns once that has committed."""
+    async def run(
+        self, fn: Callable[[sqlite3.Connection], T], *, single_statement: bool = False
+    ) -> T:
+        """Run ``fn`` in the next group transaction; returns once that has committed.
+
+        ``single_statement`` skips the savepoint: a lone statement that fails is
+        already undone by SQLite without touching the rest of the batch.
+        """
         if self._closed:
             raise RuntimeError(f"SQLite store {self.path} is closed")
-        job = _Job(fn)
+        job = _Job(fn, single_statement)
         self._queue.put(job)
         result: T = await asyncio.wrap_future(job.future)
         return result
@@ -168,14 +176,21 @@ def _commit(conn: sqlite3.Connection, batch: list[_Job]) -> None:
 
 
 def _run_one(conn: sqlite3.Connection, job: _Job) -> tuple[bool, Any]:
-    conn.execute("SAVEPOINT op")
+    """Run one job; its own failure is its result, unless SQLite rolled back the whole
+    transaction (disk full, I/O error): then the batch fails, earlier jobs included."""
+    if not job.single_statement:
+        conn.execute("SAVEPOINT op")
     try:
         value = job.fn(conn)
     except Exception as exc:
-        conn.execute("ROLLBACK TO op")
-        conn.execute("RELEASE op")
+        if not conn.in_transaction:
+            raise
+        if not job.single_statement:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
         return False, exc
-    conn.execute("RELEASE op")
+    if not job.single_statement:
+        conn.execute("RELEASE op")
     return True, value
 
 
@@ -198,6 +213,7 @@ class SQLiteReader:
         self._path = path
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"ncap-sqlite-read:{path.name}")
         self._conn: sqlite3.Connection | None = None
+        self._closed = False
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -213,7 +229,9 @@ class SQLiteReader:
         return fn(self._conn)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._shutdown)
+        if not self._closed:
+            self._closed = True
+            await asyncio.to_thread(self._shutdown)
 
     def _shutdown(self) -> None:
         self._executor.submit(self._close_conn).result()

@@ -28,6 +28,7 @@ __all__ = [
     "Amounts",
     "BudgetStore",
     "BudgetWindows",
+    "DuplicateAttempt",
     "Hold",
     "HoldState",
     "ImportResult",
@@ -42,6 +43,15 @@ HoldState = Literal["active", "kept"]
 def hold_id_for(request_id: str, attempt: int) -> str:
     """The budget hold of a ledger attempt, so a reconciled event finds its hold."""
     return f"{request_id}#{attempt}"
+
+
+class DuplicateAttempt(ValueError):
+    """A ledger row for this (request_id, attempt) exists: attempts are never overwritten."""
+
+    def __init__(self, request_id: str, attempt: int) -> None:
+        super().__init__(f"ledger already has request {request_id!r} attempt {attempt}")
+        self.request_id = request_id
+        self.attempt = attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +91,7 @@ class LedgerStore(Protocol):
         """Durable when it returns; raises on any write failure or a duplicate attempt."""
         ...
 
-    async def update(self, request_id: str, attempt: int, **fields: Any) -> None:
+    async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         """Overwrite columns of one attempt; ``KeyError`` when the row does not exist."""
         ...
 

@@ -8,7 +8,6 @@ differs from the others. Tokens are words: ``content.split()`` counts them exact
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -90,8 +89,6 @@ _VOCAB = [
     "maple",
 ]
 _PIECES = tuple(" " + word for word in _VOCAB)
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
 
 FinishReason = Literal["stop", "length"]
 
@@ -108,8 +105,7 @@ class PromptMessage(msgspec.Struct):
     content: str | list[ContentPart] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ChoiceText:
+class ChoiceText(msgspec.Struct, frozen=True):
     """One generated choice: its pieces (one token each) and why it stopped."""
 
     pieces: list[str]
@@ -144,23 +140,24 @@ def digest_prompt(prompt: str) -> tuple[int, int]:
     return int.from_bytes(seed, "little"), len(prompt) // 4 + 1
 
 
+def _word_bytes(seed: int, index: int) -> bytes:
+    return hashlib.blake2b(
+        seed.to_bytes(8, "little") + index.to_bytes(4, "little"), digest_size=64
+    ).digest()
+
+
 def choice_text(seed: int, index: int, cap: int | None, forced: int | None = None) -> ChoiceText:
     """Choice ``index`` for ``seed``: "choice {index}: " then 6-16 words (or ``forced``
     tokens in all), cut to ``cap`` tokens with finish_reason "length"."""
-    state = (seed ^ ((index + 1) * _GOLDEN)) & _MASK or 1
-    total = forced if forced is not None else 8 + state % 11
+    stream = _word_bytes(seed, index)
+    total = forced if forced is not None else 8 + stream[0] % 11
+    reason: FinishReason = "stop"
     if cap is not None and cap < total:
-        total = max(cap, 0)
-        reason: FinishReason = "length"
-    else:
-        reason = "stop"
-    pieces = ["choice", f" {index}:"][:total]
-    for _ in range(total - len(pieces)):
-        state ^= (state << 13) & _MASK
-        state ^= state >> 7
-        state ^= (state << 17) & _MASK
-        pieces.append(_PIECES[state & 63])
-    return ChoiceText(pieces, reason)
+        total, reason = max(cap, 0), "length"
+    while len(stream) < total:  # only for long forced lengths
+        stream += _word_bytes(seed ^ len(stream), index)
+    words = [_PIECES[byte & 63] for byte in stream[1 : max(total - 1, 1)]]
+    return ChoiceText(["choice", f" {index}:", *words][:total], reason)
 
 
 def prompt_strings(prompt: Any) -> list[str]:

@@ -9,7 +9,6 @@ suffix per response, so a chunk costs one small encode.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -104,8 +103,7 @@ class _Envelope(_Wire, kw_only=True):
     system_fingerprint: str = _FINGERPRINT
 
 
-@dataclass(frozen=True, slots=True)
-class Generation:
+class Generation(msgspec.Struct, frozen=True, kw_only=True):
     """What one request produced; ``extra_completion_tokens`` are billed but not
     returned (legacy ``best_of`` candidates, hidden reasoning)."""
 
@@ -132,8 +130,7 @@ class Generation:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Events:
+class Events(msgspec.Struct, frozen=True):
     """SSE events of one stream; ``first_content`` and ``first_finish`` are positions
     in ``data`` that the stream faults cut or insert at."""
 

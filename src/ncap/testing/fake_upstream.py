@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -51,6 +51,7 @@ from ncap.testing._fake_render import (
 
 __all__ = [
     "FAKE_MODEL",
+    "STATE",
     "FakeState",
     "FakeUpstream",
     "create_app",
@@ -188,17 +189,13 @@ def _plan(state: FakeState, headers: Mapping[str, str]) -> Plan:
     return resolve_plan(_request_faults(state, headers), headers, state.base_latency_ms)
 
 
-def _json(
-    status: int, body: bytes, rid: str, extra: Mapping[str, str] | None = None
-) -> web.Response:
+def _json(status: int, body: bytes, rid: str) -> web.Response:
     headers = {"Content-Type": "application/json", "x-request-id": rid}
-    if extra:
-        headers.update(extra)
     return web.Response(status=status, body=body, headers=headers)
 
 
-def _bad_request(message: str, rid: str, param: str | None = None) -> web.Response:
-    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+def _bad_request(message: str, rid: str) -> web.Response:
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
     return _json(400, msgspec.json.encode({"error": error}), rid)
 
 
@@ -226,12 +223,31 @@ def _usage_mode(plan: Plan, options: _StreamOptions | None) -> UsageMode:
     return "with_choices" if "usage_with_choices" in plan.names else "separate"
 
 
-async def _before_answer(plan: Plan, rid: str) -> web.Response | None:
+async def _sleep(request: web.Request, seconds: float) -> bool:
+    """Sleep in short slices while the client stays connected; False once it left.
+    Works without aiohttp's handler cancellation (tests may run the app without it)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return False
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return True
+        await asyncio.sleep(min(remaining, 0.1))
+
+
+async def _before_answer(
+    request: web.Request, state: FakeState, plan: Plan, rid: str
+) -> web.Response | None:
     """Latency, then a hang (``timeout``) or an error reply, if the plan has one."""
-    if plan.latency_ms > 0:
-        await asyncio.sleep(plan.latency_ms / 1000)
-    if "timeout" in plan.names:
-        await asyncio.sleep(plan.timeout_s)
+    hang = plan.timeout_s if "timeout" in plan.names else 0.0
+    wait = plan.latency_ms / 1000 + hang
+    if wait > 0 and not await _sleep(request, wait):
+        state.disconnects += 1
+        return web.Response(status=499)  # nobody is listening
+    if hang > 0:
         timeout = UpstreamTimeout("The fake upstream hung past its timeout.")
         return _json(504, msgspec.json.encode(timeout.envelope()), rid)
     reply = error_reply(plan)
@@ -244,13 +260,7 @@ async def _before_answer(plan: Plan, rid: str) -> web.Response | None:
 # --- answers ---
 
 
-async def _answer(
-    request: web.Request,
-    state: FakeState,
-    plan: Plan,
-    rid: str,
-    body: bytes,
-) -> web.StreamResponse:
+async def _answer(request: web.Request, plan: Plan, rid: str, body: bytes) -> web.StreamResponse:
     """A complete JSON answer, corrupted or cut per the plan."""
     if "malformed_json" in plan.names:
         body = _MALFORMED
@@ -276,7 +286,9 @@ def _shape_events(plan: Plan, events: Events) -> list[bytes]:
     return data
 
 
-async def _write_events(response: web.StreamResponse, plan: Plan, data: list[bytes]) -> None:
+async def _write_events(
+    request: web.Request, response: web.StreamResponse, plan: Plan, data: list[bytes]
+) -> None:
     """Write the events: all at once, or one by one with the plan's pauses/fragments."""
     names = plan.names
     paced = not names.isdisjoint(("slow_chunks", "first_chunk_then_pause", "fragmented_stream"))
@@ -290,10 +302,13 @@ async def _write_events(response: web.StreamResponse, plan: Plan, data: list[byt
                 await asyncio.sleep(0)
         else:
             await response.write(event)
+        pause = 0.0
         if position == 0 and "first_chunk_then_pause" in names:
-            await asyncio.sleep(plan.pause_ms / 1000)
+            pause = plan.pause_ms / 1000
         elif "slow_chunks" in names:
-            await asyncio.sleep(plan.chunk_delay_ms / 1000)
+            pause = plan.chunk_delay_ms / 1000
+        if pause > 0 and not await _sleep(request, pause):
+            raise ConnectionResetError("client went away")
 
 
 def _abort(request: web.Request) -> None:
@@ -311,9 +326,9 @@ async def _stream(
         "x-request-id": rid,
     }
     response = web.StreamResponse(headers=headers)
-    await response.prepare(request)
     try:
-        await _write_events(response, plan, _shape_events(plan, events))
+        await response.prepare(request)
+        await _write_events(request, response, plan, _shape_events(plan, events))
         if "reset_mid_stream" in plan.names:
             _abort(request)
         else:
@@ -331,44 +346,27 @@ def _cap(*limits: int | None) -> int | None:
     return min(given) if given else None
 
 
-async def _serve_chat(
-    request: web.Request, state: FakeState, body: bytes, rid: str
-) -> web.StreamResponse:
-    try:
-        plan = _plan(state, request.headers)
-        req = _DECODE_CHAT(body)
-        n = _count(req.n)
-    except (ValueError, msgspec.DecodeError) as exc:
-        return _bad_request(str(exc), rid)
-    early = await _before_answer(plan, rid)
-    if early is not None:
-        return early
+def _chat_generation(req: _ChatRequest, n: int, plan: Plan, serial: int) -> Generation:
     seed, prompt_tokens = digest_messages(req.messages)
     cap = _cap(req.max_completion_tokens, req.max_tokens)
-    choices = [choice_text(seed, i, cap, plan.completion_tokens) for i in range(_returned(n, plan))]
-    gen = Generation(
-        id=f"chatcmpl-fake-{state.serial}",
+    return Generation(
+        id=f"chatcmpl-fake-{serial}",
         created=int(time.time()),
         model=req.model,
-        choices=choices,
+        choices=[
+            choice_text(seed, i, cap, plan.completion_tokens) for i in range(_returned(n, plan))
+        ],
         prompt_tokens=prompt_tokens,
         cached_tokens=plan.cached_tokens,
         reasoning_tokens=plan.reasoning_tokens,
     )
-    if req.stream:
-        return await _stream(
-            request, state, plan, rid, chat_events(gen, _usage_mode(plan, req.stream_options))
-        )
-    return await _answer(
-        request, state, plan, rid, chat_body(gen, with_usage="missing_usage" not in plan.names)
-    )
 
 
-def _text_choices(req: _TextRequest, n: int, plan: Plan) -> tuple[list[ChoiceText], int, int]:
-    """Legacy: per prompt, ``best_of`` candidates of which the first ``n`` are returned;
-    returns (choices, prompt_tokens, completion tokens of the unreturned candidates)."""
+def _text_generation(req: _TextRequest, n: int, plan: Plan, serial: int) -> Generation:
+    """Legacy: per prompt, ``best_of`` candidates of which the first ``n`` are returned
+    and all are billed."""
     best_of = max(req.best_of or n, n)
-    cap = 16 if req.max_tokens is None else req.max_tokens
+    cap = 16 if req.max_tokens is None else req.max_tokens  # the legacy default
     choices: list[ChoiceText] = []
     prompt_tokens = unreturned = 0
     for prompt in prompt_strings(req.prompt):
@@ -377,44 +375,68 @@ def _text_choices(req: _TextRequest, n: int, plan: Plan) -> tuple[list[ChoiceTex
         candidates = [choice_text(seed, i, cap, plan.completion_tokens) for i in range(best_of)]
         choices.extend(candidates[: _returned(n, plan)])
         unreturned += sum(len(c.pieces) for c in candidates[n:])
-    return choices, prompt_tokens, unreturned
-
-
-async def _serve_text(
-    request: web.Request, state: FakeState, body: bytes, rid: str
-) -> web.StreamResponse:
-    try:
-        plan = _plan(state, request.headers)
-        req = _DECODE_TEXT(body)
-        n = _count(req.n)
-    except (ValueError, msgspec.DecodeError) as exc:
-        return _bad_request(str(exc), rid)
-    early = await _before_answer(plan, rid)
-    if early is not None:
-        return early
-    choices, prompt_tokens, unreturned = _text_choices(req, n, plan)
-    gen = Generation(
-        id=f"cmpl-fake-{state.serial}",
+    return Generation(
+        id=f"cmpl-fake-{serial}",
         created=int(time.time()),
         model=req.model,
         choices=choices,
         prompt_tokens=prompt_tokens,
         extra_completion_tokens=unreturned,
     )
+
+
+async def _deliver(
+    request: web.Request,
+    state: FakeState,
+    plan: Plan,
+    rid: str,
+    gen: Generation,
+    req: _ChatRequest | _TextRequest,
+) -> web.StreamResponse:
+    """Render ``gen`` in the endpoint's shape, streamed or whole, with the plan's faults."""
+    legacy = isinstance(req, _TextRequest)
     if req.stream:
-        return await _stream(
-            request, state, plan, rid, text_events(gen, _usage_mode(plan, req.stream_options))
-        )
-    return await _answer(
-        request, state, plan, rid, text_body(gen, with_usage="missing_usage" not in plan.names)
+        mode = _usage_mode(plan, req.stream_options)
+        events = text_events(gen, mode) if legacy else chat_events(gen, mode)
+        return await _stream(request, state, plan, rid, events)
+    with_usage = "missing_usage" not in plan.names
+    body = (
+        text_body(gen, with_usage=with_usage) if legacy else chat_body(gen, with_usage=with_usage)
     )
+    return await _answer(request, plan, rid, body)
 
 
-_Serve = Callable[[web.Request, FakeState, bytes, str], Awaitable[web.StreamResponse]]
+_Request = TypeVar("_Request", _ChatRequest, _TextRequest)
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _endpoint(name: str, serve: _Serve) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """Wrap ``serve`` with the counters every completion endpoint keeps."""
+async def _serve(
+    request: web.Request,
+    state: FakeState,
+    rid: str,
+    body: bytes,
+    decode: Callable[[bytes], _Request],
+    generate: Callable[[_Request, int, Plan, int], Generation],
+) -> web.StreamResponse:
+    """Validate, wait or fail per the plan, then generate and deliver."""
+    try:
+        plan = _plan(state, request.headers)
+        req = decode(body)
+        n = _count(req.n)
+    except (ValueError, msgspec.DecodeError) as exc:
+        return _bad_request(str(exc), rid)
+    early = await _before_answer(request, state, plan, rid)
+    if early is not None:
+        return early
+    return await _deliver(request, state, plan, rid, generate(req, n, plan, state.serial), req)
+
+
+def _endpoint(
+    name: str,
+    decode: Callable[[bytes], _Request],
+    generate: Callable[[_Request, int, Plan, int], Generation],
+) -> _Handler:
+    """A completion endpoint, with the counters every one of them keeps."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
@@ -423,7 +445,7 @@ def _endpoint(name: str, serve: _Serve) -> Callable[[web.Request], Awaitable[web
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
-            return await serve(request, state, body, rid)
+            return await _serve(request, state, rid, body, decode, generate)
         except asyncio.CancelledError:  # the client went away (handler cancellation)
             state.disconnects += 1
             raise
@@ -454,8 +476,9 @@ def create_app(profile: str | None = None, latency_ms: float = 0.0) -> web.Appli
     Raises ValueError for an unknown profile."""
     app = web.Application()
     app[STATE] = FakeState(parse_faults(profile), latency_ms)
-    app.router.add_post("/v1/chat/completions", _endpoint("chat.completions", _serve_chat))
-    app.router.add_post("/v1/completions", _endpoint("completions", _serve_text))
+    chat = _endpoint("chat.completions", _DECODE_CHAT, _chat_generation)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", _endpoint("completions", _DECODE_TEXT, _text_generation))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/_fake/stats", _stats)
     app.router.add_post("/_fake/reset", _reset)

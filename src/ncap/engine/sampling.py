@@ -1,0 +1,181 @@
+"""Per-choice samplers, seeds, grammars and log-probabilities.
+
+Every choice has its own llama.cpp sampler chain and its own seed (``seed + i``), so
+choices are independent draws and choice i of an n-request equals an n=1 request made
+with seed ``seed + i``. Log-probabilities are the log-softmax of the model's raw logits
+row for that choice at that step (before temperature and penalties), as OpenAI reports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ncap.engine.events import TokenInfo, TopToken
+from ncap.engine.params import GenerationParams, JsonGrammar
+from ncap.errors import InvalidValue
+
+__all__ = [
+    "LogitsRow",
+    "SamplerChain",
+    "base_seed",
+    "choice_seed",
+    "compile_grammar",
+    "logits_row",
+    "token_info",
+]
+
+_U32 = 0xFFFFFFFF
+# LLAMA_DEFAULT_SEED (0xFFFFFFFF) means "random" to llama.cpp: never hand it over
+_DEFAULT_SEED_STANDIN = 0x7FFFFFFF
+
+
+def base_seed(seed: int | None) -> int:
+    """The request's base seed: the client's, or a random 32-bit one."""
+    return secrets.randbits(32) if seed is None else seed
+
+
+def choice_seed(base: int, index: int) -> int:
+    """Seed of choice ``index``: ``base + index`` masked to 32 bits."""
+    seed = (base + index) & _U32
+    return _DEFAULT_SEED_STANDIN if seed == _U32 else seed
+
+
+def compile_grammar(spec: JsonGrammar) -> str:
+    """GBNF for a json_object / json_schema response format."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if spec.schema is None:
+        return str(JSON_GBNF)
+    try:
+        return str(json_schema_to_gbnf(json.dumps(spec.schema)))
+    except Exception as exc:  # the converter raises bare Exceptions on unsupported schemas
+        raise InvalidValue(
+            f"cannot turn this JSON schema into a grammar: {exc}", param="response_format"
+        ) from exc
+
+
+class SamplerChain:
+    """One choice's llama.cpp sampler chain; owned by the scheduler thread."""
+
+    def __init__(self, lib: Any, vocab: Any, n_vocab: int, params: GenerationParams) -> None:
+        self._lib = lib
+        self._vocab = vocab
+        self._n_vocab = n_vocab
+        self._params = params
+        self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+
+    @classmethod
+    def build(
+        cls,
+        lib: Any,
+        vocab: Any,
+        n_vocab: int,
+        params: GenerationParams,
+        *,
+        seed: int,
+        grammar: str | None,
+    ) -> SamplerChain:
+        """logit bias → penalties → grammar → temperature → top-p → draw (or greedy)."""
+        chain = cls(lib, vocab, n_vocab, params)
+        try:
+            chain._add_bias_and_penalties()
+            if grammar is not None:
+                chain._add_grammar(grammar)
+            chain._add_draw(seed)
+        except BaseException:
+            chain.close()
+            raise
+        return chain
+
+    def sample(self, ctx: Any, row: int) -> int:
+        """Sample from logits row ``row`` of the last decode; the chain accepts the token."""
+        return int(self._lib.llama_sampler_sample(self._chain, ctx, row))
+
+    def close(self) -> None:
+        if self._chain:
+            self._lib.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def _add(self, sampler: Any) -> None:
+        self._lib.llama_sampler_chain_add(self._chain, sampler)
+
+    def _add_bias_and_penalties(self) -> None:
+        lib, p = self._lib, self._params
+        if p.logit_bias:
+            biases = (lib.llama_logit_bias * len(p.logit_bias))()
+            for i, (token, bias) in enumerate(p.logit_bias.items()):
+                biases[i].token = token
+                biases[i].bias = bias
+            self._add(lib.llama_sampler_init_logit_bias(self._n_vocab, len(p.logit_bias), biases))
+        if p.frequency_penalty or p.presence_penalty:
+            # the window covers the whole completion: OpenAI penalises every earlier token
+            window = p.max_tokens or 4096
+            self._add(
+                lib.llama_sampler_init_penalties(
+                    self._n_vocab, window, 1.0, p.frequency_penalty, p.presence_penalty
+                )
+            )
+
+    def _add_grammar(self, grammar: str) -> None:
+        sampler = self._lib.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+        if not sampler:
+            raise InvalidValue("the response format's grammar is invalid", param="response_format")
+        self._add(sampler)
+
+    def _add_draw(self, seed: int) -> None:
+        lib, p = self._lib, self._params
+        if p.temperature <= 0.0:
+            self._add(lib.llama_sampler_init_greedy())
+            return
+        self._add(lib.llama_sampler_init_temp(p.temperature))
+        if p.top_p < 1.0:
+            self._add(lib.llama_sampler_init_top_p(p.top_p, 1))
+        self._add(lib.llama_sampler_init_dist(seed))
+
+
+def logits_row(lib: Any, ctx: Any, row: int, n_vocab: int) -> npt.NDArray[np.float32]:
+    """A numpy view of the raw logits of batch row ``row`` (valid until the next decode)."""
+    ptr = lib.llama_get_logits_ith(ctx, row)
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), (n_vocab,))
+
+
+@dataclass(frozen=True, slots=True)
+class LogitsRow:
+    """One logits row and its log-normaliser: logprob(t) = logits[t] - lse."""
+
+    logits: npt.NDArray[np.float32]
+    lse: float
+
+    @classmethod
+    def of(cls, logits: npt.NDArray[np.float32]) -> LogitsRow:
+        top = float(np.max(logits))
+        return cls(logits, top + float(np.log(np.sum(np.exp(logits - top, dtype=np.float64)))))
+
+    def logprob(self, token: int) -> float:
+        return float(self.logits[token]) - self.lse
+
+
+def token_info(row: LogitsRow, token: int, top_n: int, pieces: list[bytes]) -> TokenInfo:
+    """The sampled token's entry with the ``top_n`` most likely tokens of the same row."""
+    top: tuple[TopToken, ...] = ()
+    if top_n > 0:
+        best = np.argpartition(-row.logits, top_n)[:top_n]
+        best = best[np.argsort(-row.logits[best], kind="stable")]
+        top = tuple(_top(int(t), row.logprob(int(t)), pieces) for t in best)
+    piece = pieces[token]
+    return TokenInfo(_text(piece), row.logprob(token), tuple(piece), top)
+
+
+def _top(token: int, logprob: float, pieces: list[bytes]) -> TopToken:
+    return TopToken(_text(pieces[token]), logprob, tuple(pieces[token]))
+
+
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="backslashreplace")

@@ -1,0 +1,438 @@
+"""Continuous batching: one thread owns the llama context and runs the decode loop.
+
+Each iteration admits waiting requests (FIFO) while sequence ids and KV cells allow,
+then builds ONE batch holding the next token of every live sequence of every request
+plus a chunk of the prompts still being prefilled, calls ``llama_decode`` once and
+samples every sequence from its own logits row. A prompt is evaluated once: its tokens
+carry all n sequence ids of the request (unified KV cache), and only its last token asks
+for logits, from which all n choices draw their first token.
+
+Admission reserves ``prompt + n × max_new`` KV cells, so a running request never runs out
+of cells; a request that alone needs more than the whole cache runs alone and its
+choices end with ``length`` if the cache fills. Results go back to the caller through a
+``Sink`` (a callable the caller makes thread-safe); cancelling a request frees its
+sequences at the start of the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncap.engine.events import ChoiceDelta, Event, RequestDone, RequestFailed, TokenInfo
+from ncap.engine.model import ContextSettings, LlamaModel
+from ncap.engine.params import GenerationParams
+from ncap.engine.sampling import LogitsRow, SamplerChain, logits_row, token_info
+from ncap.engine.text import ChoiceText
+from ncap.errors import NcapError, Overloaded
+
+__all__ = ["EngineStats", "Job", "PreparedRequest", "Scheduler", "SchedulerSettings", "Sink"]
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[list[Event]], bool]
+"""Receives a request's events from the scheduler thread; False: the receiver is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    n_ctx: int = 8192
+    max_sequences: int = 32
+    max_queue: int = 64
+    threads: int = 2
+    prefill_chunk: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request ready to run: prompt tokens, per-choice seeds, compiled grammar."""
+
+    tokens: tuple[int, ...]
+    params: GenerationParams
+    max_new: int
+    seeds: tuple[int, ...]
+    grammar: str | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def reserve(self) -> int:
+        """KV cells the request may occupy: the shared prompt once, every choice's output."""
+        return len(self.tokens) + self.n * self.max_new
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters for tests and metrics (prompt tokens are counted once per prefill)."""
+
+    prompt_tokens_evaluated: int = 0
+    decode_steps: int = 0
+    tokens_generated: int = 0
+    requests_completed: int = 0
+    queue_depth: int = 0
+    running_requests: int = 0
+    live_sequences: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Sequence:
+    index: int
+    seq_id: int
+    sampler: SamplerChain
+    text: ChoiceText
+    pos: int = 0
+    n_tokens: int = 0
+    pending: int | None = None
+    finish_reason: str | None = None
+    reported: bool = False
+    logprob_sum: float = 0.0
+    out_text: list[str] = field(default_factory=list)
+    out_logprobs: list[TokenInfo] = field(default_factory=list)
+
+    @property
+    def live(self) -> bool:
+        return self.finish_reason is None
+
+
+@dataclass(eq=False)
+class Job:
+    """One submitted request; the handle callers use to cancel it."""
+
+    prepared: PreparedRequest
+    sink: Sink
+    sequences: list[_Sequence] = field(default_factory=list)
+    prefilled: int = 0
+    cancelled: bool = False
+    finished: bool = False
+
+    @property
+    def params(self) -> GenerationParams:
+        return self.prepared.params
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefilled >= len(self.prepared.tokens)
+
+
+class _Batch:
+    """A reusable ``llama_batch`` filled from Python."""
+
+    def __init__(self, lib: Any, capacity: int, max_seq_ids: int) -> None:
+        self._lib = lib
+        self.capacity = capacity
+        self.raw = lib.llama_batch_init(capacity, 0, max_seq_ids)
+
+    @property
+    def size(self) -> int:
+        return int(self.raw.n_tokens)
+
+    def clear(self) -> None:
+        self.raw.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_ids: list[int], logits: bool) -> int:
+        raw, i = self.raw, self.raw.n_tokens
+        raw.token[i] = token
+        raw.pos[i] = pos
+        raw.n_seq_id[i] = len(seq_ids)
+        for k, sid in enumerate(seq_ids):
+            raw.seq_id[i][k] = sid
+        raw.logits[i] = 1 if logits else 0
+        raw.n_tokens = i + 1
+        return int(i)
+
+    def free(self) -> None:
+        self._lib.llama_batch_free(self.raw)
+
+
+class Scheduler:
+    """Owns the llama context; ``submit``/``cancel``/``stats`` are thread-safe."""
+
+    def __init__(self, model: LlamaModel, settings: SchedulerSettings) -> None:
+        self._model = model
+        self._lib = model.lib
+        self.settings = settings
+        self._n_batch = settings.prefill_chunk + settings.max_sequences
+        self._ctx = model.new_context(
+            ContextSettings(settings.n_ctx, settings.max_sequences, self._n_batch, settings.threads)
+        )
+        self.capacity: int = self._lib.llama_n_ctx(self._ctx)
+        self._mem = self._lib.llama_get_memory(self._ctx)
+        self._batch = _Batch(self._lib, self._n_batch, settings.max_sequences)
+        self._cond = threading.Condition()
+        self._pending: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._free_ids: deque[int] = deque(range(settings.max_sequences))
+        self._reserved = 0
+        self._stopping = False
+        self._stats = EngineStats()
+        self._thread = threading.Thread(target=self._run, name="ncap-engine", daemon=True)
+        self._thread.start()
+
+    # --- any thread ---
+
+    def submit(self, prepared: PreparedRequest, sink: Sink) -> Job:
+        """Queue a request; raises Overloaded when the queue is full."""
+        job = Job(prepared, sink)
+        with self._cond:
+            if self._stopping:
+                raise Overloaded("the local engine is shutting down")
+            if len(self._pending) >= self.settings.max_queue:
+                raise Overloaded(
+                    "the local engine's queue is full; retry after a short delay",
+                    retry_after=1.0,
+                )
+            self._pending.append(job)
+            self._cond.notify()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Forget a request: dropped from the queue now, its sequences freed next step."""
+        job.cancelled = True
+        with self._cond:
+            if job in self._pending:
+                self._pending.remove(job)
+            self._cond.notify()
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            self._stats.queue_depth = len(self._pending)
+        s = self._stats
+        return EngineStats(**{k: getattr(s, k) for k in EngineStats.__slots__})
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+        self._batch.free()
+        self._lib.llama_free(self._ctx)
+
+    # --- scheduler thread ---
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._pending or self._running):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                admitted = self._admit_locked()
+            for job in admitted:
+                self._start(job)
+            try:
+                self._reap_cancelled()
+                if self._running:
+                    self._step()
+            except Exception:
+                log.exception("local engine step failed")
+                self._fail_all(NcapError("the local engine failed while generating"))
+        self._fail_all(Overloaded("the local engine is shutting down"))
+        with self._cond:
+            pending, self._pending = list(self._pending), deque()
+        for job in pending:
+            job.sink([RequestFailed(Overloaded("the local engine is shutting down"))])
+
+    def _admit_locked(self) -> list[Job]:
+        """FIFO admission while the head fits in free sequence ids and reserved KV cells."""
+        admitted: list[Job] = []
+        while self._pending:
+            job = self._pending[0]
+            alone = not self._running and not admitted
+            fits = self._reserved + job.prepared.reserve <= self.capacity
+            if len(self._free_ids) < job.prepared.n or not (fits or alone):
+                break
+            self._pending.popleft()
+            self._reserved += job.prepared.reserve
+            admitted.append(job)
+        return admitted
+
+    def _start(self, job: Job) -> None:
+        """Give the job its sequence ids and samplers (built here: this thread owns them)."""
+        self._running.append(job)
+        p, model = job.prepared, self._model
+        try:
+            for i, seed in enumerate(p.seeds):
+                sampler = SamplerChain.build(
+                    self._lib, model.vocab, model.n_vocab, p.params, seed=seed, grammar=p.grammar
+                )
+                seq_id = self._free_ids.popleft()
+                job.sequences.append(_Sequence(i, seq_id, sampler, ChoiceText(p.params.stop)))
+        except NcapError as exc:
+            self._drop(job)
+            job.sink([RequestFailed(exc)])
+        self._update_gauges()
+
+    def _step(self) -> None:
+        batch = self._batch
+        batch.clear()
+        decode_rows = [
+            (job, seq, batch.add(seq.pending, seq.pos, [seq.seq_id], True))
+            for job in self._running
+            for seq in job.sequences
+            if seq.pending is not None
+        ]
+        prefill_rows = self._add_prefill_chunks(batch)
+        if batch.size == 0:
+            return
+        rc = self._lib.llama_decode(self._ctx, batch.raw)
+        if rc != 0:
+            self._decode_failed(rc)
+            return
+        self._stats.decode_steps += 1
+        self._stats.prompt_tokens_evaluated += batch.size - len(decode_rows)
+        self._sample_all(decode_rows, prefill_rows)
+
+    def _add_prefill_chunks(self, batch: _Batch) -> list[tuple[Job, int]]:
+        """Add prompt chunks within the step's budget; returns jobs whose prompt ended."""
+        budget = min(self.settings.prefill_chunk, batch.capacity - batch.size)
+        finished: list[tuple[Job, int]] = []
+        for job in self._running:
+            if job.prefill_done or budget <= 0:
+                continue
+            tokens, ids = job.prepared.tokens, [s.seq_id for s in job.sequences]
+            end = min(len(tokens), job.prefilled + budget)
+            row = -1
+            for pos in range(job.prefilled, end):
+                row = batch.add(tokens[pos], pos, ids, pos == len(tokens) - 1)
+            budget -= end - job.prefilled
+            job.prefilled = end
+            if job.prefill_done:
+                finished.append((job, row))
+        return finished
+
+    def _sample_all(
+        self, decode_rows: list[tuple[Job, _Sequence, int]], prefill_rows: list[tuple[Job, int]]
+    ) -> None:
+        cache: dict[int, LogitsRow] = {}
+        touched: dict[int, Job] = {}
+        for job, seq, row in decode_rows:
+            seq.pos += 1
+            seq.pending = None
+            self._sample(job, seq, row, cache)
+            touched[id(job)] = job
+        for job, row in prefill_rows:
+            for seq in job.sequences:
+                seq.pos = len(job.prepared.tokens)
+                self._sample(job, seq, row, cache)
+            touched[id(job)] = job
+        for job in touched.values():
+            self._flush(job)
+        self._update_gauges()
+
+    def _sample(self, job: Job, seq: _Sequence, row: int, cache: dict[int, LogitsRow]) -> None:
+        token = seq.sampler.sample(self._ctx, row)
+        seq.n_tokens += 1
+        self._stats.tokens_generated += 1
+        params = job.params
+        if params.logprobs or params.score:
+            if row not in cache:
+                raw = logits_row(self._lib, self._ctx, row, self._model.n_vocab)
+                cache[row] = LogitsRow.of(raw)
+            info = token_info(cache[row], token, params.top_logprobs, self._model.pieces)
+            seq.logprob_sum += info.logprob
+            if params.logprobs:
+                seq.out_logprobs.append(info)
+        if token in self._model.eog:
+            self._finish(seq, "stop")
+            return
+        text, stopped = seq.text.feed(self._model.pieces[token])
+        seq.out_text.append(text)
+        if stopped:
+            self._finish(seq, "stop", flush=False)
+        elif seq.n_tokens >= job.prepared.max_new:
+            self._finish(seq, "length")
+        else:
+            seq.pending = token
+
+    def _finish(self, seq: _Sequence, reason: str, *, flush: bool = True) -> None:
+        if flush:
+            seq.out_text.append(seq.text.finish())
+        seq.finish_reason = reason
+        seq.pending = None
+        self._release(seq)
+
+    def _release(self, seq: _Sequence) -> None:
+        """Free a sequence's KV cells (shared prompt cells stay while others use them)."""
+        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        self._free_ids.append(seq.seq_id)
+        seq.sampler.close()
+
+    def _flush(self, job: Job) -> None:
+        """Send the job's new text (and finish reasons); complete it when all choices ended."""
+        events: list[Event] = [d for seq in job.sequences if (d := self._delta(job, seq))]
+        if job.prefill_done and all(s.reported for s in job.sequences):
+            events.append(
+                RequestDone(
+                    len(job.prepared.tokens),
+                    tuple(s.n_tokens for s in job.sequences),
+                    tuple(s.logprob_sum / max(1, s.n_tokens) for s in job.sequences),
+                )
+            )
+            self._stats.requests_completed += 1
+            self._drop(job)
+        if events and not job.sink(events):
+            job.cancelled = True
+
+    def _delta(self, job: Job, seq: _Sequence) -> ChoiceDelta | None:
+        if seq.reported:
+            return None
+        text = "".join(seq.out_text)
+        seq.out_text.clear()
+        done = seq.finish_reason is not None
+        if not text and not done:
+            return None
+        logprobs = None
+        if job.params.logprobs:
+            logprobs = tuple(seq.out_logprobs)
+            seq.out_logprobs.clear()
+        seq.reported = done
+        return ChoiceDelta(seq.index, text, logprobs, seq.finish_reason)
+
+    def _drop(self, job: Job) -> None:
+        """Take a job off the running list, freeing whatever it still holds."""
+        for seq in job.sequences:
+            if seq.live:
+                seq.finish_reason = "cancelled"
+                self._release(seq)
+        if job in self._running:
+            self._running.remove(job)
+            self._reserved -= job.prepared.reserve
+        job.finished = True
+
+    def _reap_cancelled(self) -> None:
+        for job in [j for j in self._running if j.cancelled]:
+            self._drop(job)
+        self._update_gauges()
+
+    def _decode_failed(self, rc: int) -> None:
+        if rc == 1 and self._running:
+            # no free KV cell: only a request larger than the cache runs into this (alone)
+            job = self._running[-1]
+            if not job.prefill_done:
+                self._drop(job)
+                job.sink([RequestFailed(Overloaded("the local engine ran out of KV cache"))])
+                return
+            for seq in job.sequences:
+                if seq.live:
+                    self._finish(seq, "length")
+            self._flush(job)
+            return
+        log.error("llama_decode failed with %d", rc)
+        self._fail_all(NcapError("the local engine failed while generating"))
+
+    def _fail_all(self, error: NcapError) -> None:
+        for job in list(self._running):
+            self._drop(job)
+            job.sink([RequestFailed(error)])
+        self._lib.llama_memory_clear(self._mem, True)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self._stats.running_requests = len(self._running)
+        self._stats.live_sequences = sum(1 for j in self._running for s in j.sequences if s.live)

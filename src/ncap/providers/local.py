@@ -1,0 +1,126 @@
+"""Provider ``local``: the in-process llama.cpp engine (``ncap.engine``).
+
+The model is loaded once, lazily, in a worker thread so the event loop keeps serving.
+The engine's own errors (``Overloaded`` 503, ``ContextLengthExceeded`` 400, invalid
+values) are ``NcapError`` and propagate unchanged; only a timeout becomes
+``AttemptFailed``, as for a remote upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+
+from ncap.config import Route
+from ncap.engine import (
+    ChatChunks,
+    Engine,
+    EngineSettings,
+    RequestStream,
+    chat_chunk_stream,
+    chat_completion,
+    chat_params,
+    include_usage,
+    new_id,
+    summarize,
+)
+from ncap.protocol.responses import ChatCompletionChunk, Usage
+from ncap.providers.base import AttemptFailed, UpstreamResult
+from ncap.streaming.sse import DONE, StreamEvent, encode_event
+
+__all__ = ["LocalProvider"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+def settings_from_route(route: Route) -> EngineSettings:
+    return EngineSettings(
+        model_path=route.model_path,
+        n_ctx=route.n_ctx,
+        max_sequences=route.max_sequences,
+        max_queue=route.max_queue,
+        threads=route.threads,
+    )
+
+
+class LocalProvider:
+    """One engine per route, shared by all its requests (continuous batching)."""
+
+    def __init__(self, route: Route, *, default_model: str = "smollm2") -> None:
+        self._settings = settings_from_route(route)
+        self._default_model = default_model
+        self._engine: Engine | None = None
+        self._loading: asyncio.Lock | None = None
+
+    async def engine(self) -> Engine:
+        """The loaded engine (first call loads it in a thread)."""
+        if self._engine is None:
+            self._loading = self._loading or asyncio.Lock()
+            async with self._loading:
+                if self._engine is None:
+                    self._engine = await asyncio.to_thread(Engine.load, self._settings)
+        return self._engine
+
+    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
+        engine = await self.engine()
+        params = chat_params(body)
+        try:
+            async with asyncio.timeout(timeout):
+                done = await engine.run(params)
+        except TimeoutError as exc:
+            raise AttemptFailed("timeout", detail="local engine timed out") from exc
+        id_ = new_id()
+        payload = chat_completion(done, id_=id_, model=self._model(body), created=int(time.time()))
+        summary = summarize(
+            id_, ((c.index, c.finish_reason) for c in payload.choices), payload.usage or None
+        )
+        return UpstreamResult(200, _encode(payload), summary, id_)
+
+    @asynccontextmanager
+    async def stream(
+        self, body: Mapping[str, Any], *, timeout: float
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+        engine = await self.engine()
+        params = chat_params(body)
+        id_ = new_id()
+        chunks = ChatChunks(
+            id_=id_, model=self._model(body), n=params.n, include_usage=include_usage(body)
+        )
+        async with engine.open(params) as stream:
+            yield id_, _events(stream, chunks, timeout)
+
+    async def aclose(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await asyncio.to_thread(engine.close)
+
+    def _model(self, body: Mapping[str, Any]) -> str:
+        model = body.get("model")
+        return model if isinstance(model, str) and model else self._default_model
+
+
+async def _events(
+    stream: RequestStream, chunks: ChatChunks, timeout: float
+) -> AsyncIterator[StreamEvent]:
+    """Chunks as SSE events; ``timeout`` bounds every wait for the next one."""
+    source = aiter(chat_chunk_stream(stream, chunks))
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                chunk = await anext(source, None)
+        except TimeoutError as exc:
+            raise AttemptFailed("timeout", detail="local engine timed out", partial=True) from exc
+        if chunk is None:
+            break
+        yield StreamEvent(encode_event(_encode(chunk)), _summary(chunk))
+    yield StreamEvent(DONE, None, done=True)
+
+
+def _summary(chunk: ChatCompletionChunk) -> Any:
+    use = chunk.usage if isinstance(chunk.usage, Usage) else None
+    return summarize(chunk.id, ((c.index, c.finish_reason) for c in chunk.choices), use)

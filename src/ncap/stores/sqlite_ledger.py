@@ -1,0 +1,237 @@
+"""The embedded ledger: one SQLite file in WAL mode, written by group commit.
+
+``append`` returns once the row's transaction has committed (``_sqlite.SQLiteWriter``),
+so the row is durable and visible to any new connection; reads use their own
+connection and never wait for the writer. The schema is versioned in
+``schema_version``; the column names are exactly SPEC §7's, which the PostgreSQL
+adapter will share. Timestamps are stored as fixed-width UTC ISO text
+(``2026-11-29T10:15:00.000000Z``) so that text order is time order.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Iterable, Mapping
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ncap.config import Pricing
+from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
+from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
+from ncap.stores.base import DuplicateAttempt, ImportResult
+
+__all__ = ["SQLiteLedgerStore"]
+
+EXPORT_PAGE = 1000
+
+MIGRATIONS: tuple[Migration, ...] = (
+    (
+        1,
+        """
+        CREATE TABLE ledger_events (
+            timestamp TEXT NOT NULL,
+            request_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            workload_id TEXT NOT NULL,
+            environment TEXT NOT NULL,
+            route_id TEXT,
+            model_alias TEXT,
+            upstream_model TEXT,
+            provider_request_id TEXT,
+            requested_candidate_count INTEGER,
+            effective_candidate_count INTEGER NOT NULL,
+            returned_candidate_count INTEGER,
+            exception_id TEXT,
+            input_tokens INTEGER,
+            cached_input_tokens INTEGER,
+            output_tokens_total INTEGER,
+            reasoning_tokens INTEGER,
+            total_tokens INTEGER,
+            reserved_input_tokens INTEGER NOT NULL,
+            reserved_output_tokens INTEGER NOT NULL,
+            reserved_cost_micros INTEGER NOT NULL,
+            cost_micros INTEGER,
+            finish_reasons TEXT NOT NULL,
+            stream_mode INTEGER NOT NULL,
+            usage_source TEXT NOT NULL CHECK (usage_source IN
+                ('provider_response', 'provider_stream', 'reconciliation_import', 'none')),
+            quota_scope TEXT NOT NULL,
+            policy_result TEXT NOT NULL CHECK (policy_result IN ('allow', 'deny')),
+            policy_reason TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('reserved', 'settled', 'pending',
+                'usage_reconciliation_required', 'reconciled', 'denied')),
+            reconciliation_reason TEXT,
+            gateway_instance TEXT NOT NULL,
+            latency_ms REAL,
+            PRIMARY KEY (request_id, attempt)
+        );
+        CREATE INDEX ledger_events_timestamp ON ledger_events (timestamp);
+        CREATE INDEX ledger_events_state ON ledger_events (state);
+        CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
+        """,
+    ),
+)
+
+_COLUMNS = ", ".join(LEDGER_COLUMNS)
+_INSERT = (
+    f"INSERT INTO ledger_events ({_COLUMNS}) VALUES ({', '.join('?' for _ in LEDGER_COLUMNS)})"
+)
+_SELECT = f"SELECT {_COLUMNS} FROM ledger_events"
+
+
+class SQLiteLedgerStore:
+    """``LedgerStore`` on a local SQLite file (WAL, group commit)."""
+
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "FULL") -> None:
+        self.path = Path(path)
+        self._writer = SQLiteWriter(self.path, MIGRATIONS, synchronous=synchronous)
+        self._reader = SQLiteReader(self.path)
+
+    async def append(self, event: LedgerEvent) -> None:
+        row = _encode_row(event)
+        await self._writer.run(lambda conn: _insert(conn, event, row), single_statement=True)
+
+    async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
+        check_update_fields(fields)
+        if not fields:
+            return
+        encoded = {name: _encode(name, value) for name, value in fields.items()}
+        await self._writer.run(
+            lambda conn: _update(conn, request_id, attempt, encoded), single_statement=True
+        )
+
+    async def get(self, request_id: str) -> list[LedgerEvent]:
+        sql = f"{_SELECT} WHERE request_id = ? ORDER BY attempt"
+        return await self._reader.run(lambda conn: _fetch(conn, sql, (request_id,)))
+
+    async def export(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> AsyncIterator[LedgerEvent]:
+        after: tuple[str, str, int] = (_ts(since) if since else "", "", -1)
+        end = _ts(until) if until else "~"  # '~' sorts after every timestamp
+        while True:
+            page = await self._reader.run(partial(_export_page, after=after, end=end))
+            for event in page:
+                yield event
+            if len(page) < EXPORT_PAGE:
+                return
+            last = page[-1]
+            after = (_ts(last.timestamp), last.request_id, last.attempt)
+
+    async def pending(self) -> list[LedgerEvent]:
+        sql = (
+            f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required') "
+            "ORDER BY timestamp, request_id, attempt"
+        )
+        return await self._reader.run(lambda conn: _fetch(conn, sql, ()))
+
+    async def mark_lost(
+        self, gateway_instance: str | None = None, *, before: datetime | None = None
+    ) -> int:
+        stamp = _ts(before) if before else None
+        return await self._writer.run(lambda conn: _mark_lost(conn, gateway_instance, stamp))
+
+    async def import_reconciliation(
+        self, rows: Iterable[ReconciliationRow], *, pricing: Mapping[str, Pricing] | None = None
+    ) -> ImportResult:
+        batch = list(rows)
+        return await self._writer.run(lambda conn: _import(conn, batch, pricing))
+
+    async def close(self) -> None:
+        await self._writer.close()
+        await self._reader.close()
+
+
+def _ts(value: datetime) -> str:
+    if value.tzinfo is None:
+        raise ValueError("ledger timestamps must be timezone-aware")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _encode(name: str, value: Any) -> Any:
+    if name == "timestamp":
+        return _ts(value)
+    if name == "finish_reasons":
+        return json.dumps(value, sort_keys=True)
+    if name == "stream_mode":
+        return int(bool(value))
+    return value
+
+
+def _encode_row(event: LedgerEvent) -> tuple[Any, ...]:
+    return tuple(_encode(name, getattr(event, name)) for name in LEDGER_COLUMNS)
+
+
+def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
+    values = dict(zip(LEDGER_COLUMNS, row, strict=True))
+    values["timestamp"] = datetime.fromisoformat(values["timestamp"])
+    values["finish_reasons"] = json.loads(values["finish_reasons"])
+    values["stream_mode"] = bool(values["stream_mode"])
+    return LedgerEvent(**values)
+
+
+def _insert(conn: sqlite3.Connection, event: LedgerEvent, row: tuple[Any, ...]) -> None:
+    try:
+        conn.execute(_INSERT, row)
+    except sqlite3.IntegrityError as exc:
+        if "UNIQUE" in str(exc):
+            raise DuplicateAttempt(event.request_id, event.attempt) from exc
+        raise
+
+
+def _fetch(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[LedgerEvent]:
+    return [_decode_row(row) for row in conn.execute(sql, params)]
+
+
+def _export_page(
+    conn: sqlite3.Connection, after: tuple[str, str, int], end: str
+) -> list[LedgerEvent]:
+    sql = (
+        f"{_SELECT} WHERE (timestamp, request_id, attempt) > (?, ?, ?) AND timestamp < ? "
+        f"ORDER BY timestamp, request_id, attempt LIMIT {EXPORT_PAGE}"
+    )
+    return _fetch(conn, sql, (*after, end))
+
+
+def _update(
+    conn: sqlite3.Connection, request_id: str, attempt: int, fields: Mapping[str, Any]
+) -> None:
+    assignments = ", ".join(f"{name} = ?" for name in fields)
+    cur = conn.execute(
+        f"UPDATE ledger_events SET {assignments} WHERE request_id = ? AND attempt = ?",
+        (*fields.values(), request_id, attempt),
+    )
+    if cur.rowcount == 0:
+        raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
+
+
+def _mark_lost(conn: sqlite3.Connection, instance: str | None, before: str | None) -> int:
+    cur = conn.execute(
+        "UPDATE ledger_events SET state = 'usage_reconciliation_required',"
+        " reconciliation_reason = 'gateway_lost'"
+        " WHERE state = 'reserved' AND (? IS NULL OR gateway_instance = ?)"
+        " AND (? IS NULL OR timestamp < ?)",
+        (instance, instance, before, before),
+    )
+    return cur.rowcount
+
+
+def _import(
+    conn: sqlite3.Connection,
+    rows: list[ReconciliationRow],
+    pricing: Mapping[str, Pricing] | None,
+) -> ImportResult:
+    def find(provider_request_id: str) -> list[LedgerEvent]:
+        sql = f"{_SELECT} WHERE provider_request_id = ? ORDER BY request_id, attempt"
+        return _fetch(conn, sql, (provider_request_id,))
+
+    def write(event: LedgerEvent) -> None:
+        names = [n for n in LEDGER_COLUMNS if n not in ("request_id", "attempt")]
+        encoded = {name: _encode(name, getattr(event, name)) for name in names}
+        _update(conn, event.request_id, event.attempt, encoded)
+
+    return apply_import(rows, find, write, pricing)

@@ -1,0 +1,99 @@
+"""Pin the public names of ncap.domain and ncap.stores (the lead integrates against them)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import ncap.domain
+import ncap.stores
+
+DOMAIN = {
+    "LEDGER_COLUMNS",
+    "MICROS_PER_USD",
+    "UNSETTLED_STATES",
+    "Amounts",
+    "AttemptOutcome",
+    "Buckets",
+    "BudgetWindows",
+    "CandidatesMode",
+    "CeilingParam",
+    "Decision",
+    "EventState",
+    "LedgerEvent",
+    "Prices",
+    "ReconcileOutcome",
+    "ReconciliationRow",
+    "Reservation",
+    "Settlement",
+    "Usage",
+    "UsageSource",
+    "active_exceptions",
+    "admit",
+    "candidates_mode",
+    "check_route",
+    "cost_micros",
+    "decide",
+    "estimate_input_tokens",
+    "fallback_allowed",
+    "format_usd",
+    "micros_from_usd",
+    "reconcile",
+    "reservation_for",
+    "settle",
+    "to_decimal",
+}
+
+STORES = {
+    "BudgetStore",
+    "DuplicateAttempt",
+    "Hold",
+    "HoldState",
+    "ImportResult",
+    "LedgerStore",
+    "MemoryBudgetStore",
+    "MemoryLedgerStore",
+    "SQLiteBudgetStore",
+    "SQLiteLedgerStore",
+    "budgets_from_url",
+    "hold_id_for",
+    "ledger_from_url",
+    "sqlite_target",
+}
+
+
+def test_public_names() -> None:
+    assert set(ncap.domain.__all__) == DOMAIN
+    assert set(ncap.stores.__all__) == STORES
+    for module in (ncap.domain, ncap.stores):
+        for name in module.__all__:
+            assert hasattr(module, name), name
+
+
+def test_domain_imports_only_errors_config_and_stdlib() -> None:
+    root = pathlib.Path(ncap.domain.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                mod = node.module
+            elif isinstance(node, ast.Import):
+                mod = node.names[0].name
+            else:
+                continue
+            if mod.startswith("ncap"):
+                assert mod in ("ncap.errors", "ncap.config") or mod.startswith("ncap.domain"), (
+                    f"{path.name} imports {mod}"
+                )
+            else:
+                assert mod.split(".")[0] in _STDLIB, f"{path.name} imports {mod}"
+
+
+_STDLIB = {
+    "__future__",
+    "collections",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "json",
+    "typing",
+}

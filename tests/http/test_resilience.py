@@ -1,0 +1,162 @@
+"""Unbuffered streaming, retries, Retry-After, timeouts and admission control."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from ncap.testing.fake_upstream import FakeState
+from tests.support import gateway, gateway_config
+
+BODY: dict[str, Any] = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _faulty(fake: tuple[str, FakeState], tmp: Path, headers: dict[str, str], **route: Any) -> Any:
+    return gateway_config(fake[0], tmp, routes={"fake": {"headers": headers, **route}})
+
+
+def _key() -> str:
+    return uuid.uuid4().hex
+
+
+def test_stream_is_not_buffered(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    headers = {"x-fake-fault": "first_chunk_then_pause", "x-fake-pause-ms": "1000"}
+    with gateway(_faulty(fake, tmp_path, headers)) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        start = time.monotonic()
+        arrivals = []
+        for _chunk in client.chat.completions.create(**BODY, stream=True):
+            arrivals.append(time.monotonic() - start)
+    assert len(arrivals) >= 3
+    assert arrivals[0] < 0.5, arrivals
+    assert arrivals[1] - arrivals[0] > 0.8, arrivals
+
+
+def test_503_then_200_succeeds_in_two_attempts(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    key = _key()
+    headers = {"x-fake-fault": "overloaded", "x-fake-fail-times": "1", "x-fake-fail-key": key}
+    with gateway(_faulty(fake, tmp_path, headers)) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10)
+    assert r.status_code == 200, r.text
+    assert fake[1].stats()["by_key"][key] == 2
+
+
+def test_three_503_give_client_503(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    key = _key()
+    headers = {"x-fake-fault": "overloaded", "x-fake-fail-times": "99", "x-fake-fail-key": key}
+    with gateway(_faulty(fake, tmp_path, headers)) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10)
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "server_is_overloaded"
+    assert fake[1].stats()["by_key"][key] == 3
+
+
+def test_retry_after_is_honoured(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    key = _key()
+    headers = {
+        "x-fake-fault": "rate_limit",
+        "x-fake-retry-after": "1",
+        "x-fake-fail-times": "1",
+        "x-fake-fail-key": key,
+    }
+    with gateway(_faulty(fake, tmp_path, headers, backoff_s=0.01)) as gw:
+        start = time.monotonic()
+        r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10)
+        elapsed = time.monotonic() - start
+    assert r.status_code == 200
+    assert elapsed >= 0.95, elapsed
+    assert fake[1].stats()["by_key"][key] == 2
+
+
+def test_hung_upstream_times_out_at_route_limit(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    headers = {"x-fake-fault": "timeout"}
+    with gateway(_faulty(fake, tmp_path, headers, timeout_s=0.5, retries=0)) as gw:
+        start = time.monotonic()
+        r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10)
+        elapsed = time.monotonic() - start
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert 0.45 <= elapsed < 1.5, elapsed
+
+
+def test_upstream_400_is_relayed_not_retried(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    key = _key()
+    headers = {"x-fake-fault": "server_error_400", "x-fake-fail-times": "9", "x-fake-fail-key": key}
+    with gateway(_faulty(fake, tmp_path, headers)) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("Upstream:")
+    assert fake[1].stats()["by_key"][key] == 1
+
+
+def test_html_502_maps_to_upstream_error(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    with gateway(_faulty(fake, tmp_path, {"x-fake-fault": "bad_gateway_html"})) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10)
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_error"
+
+
+async def test_in_flight_capacity_gives_503(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    config = gateway_config(
+        fake[0],
+        tmp_path,
+        server={"max_in_flight": 1},
+        routes={"fake": {"headers": {"x-fake-fault": "latency=400"}}},
+    )
+    with gateway(config) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+            first = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+            await asyncio.sleep(0.15)
+            second = await client.post("/v1/chat/completions", json=BODY)
+            assert (await first).status_code == 200
+    assert second.status_code == 503
+    assert second.json()["error"]["code"] == "server_is_overloaded"
+
+
+def test_ramp_limit_gives_429_slow_down(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    config = gateway_config(
+        fake[0], tmp_path, server={"ramp": {"requests_per_second": 0.01, "burst": 2}}
+    )
+    with gateway(config) as gw:
+        codes = [
+            httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10).status_code
+            for _ in range(3)
+        ]
+        last = httpx.post(gw.url + "/v1/chat/completions", json=BODY, timeout=10)
+    assert codes == [200, 200, 429]
+    assert last.json()["error"]["code"] == "slow_down"
+    assert "retry-after" in last.headers
+
+
+@pytest.mark.parametrize("body", [b"{", b"[]", b"", b'{"model": 1}'])
+def test_bad_bodies_are_400_envelopes(gw: Any, body: bytes) -> None:
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 400
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_oversized_body_is_413(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    config = gateway_config(fake[0], tmp_path, limits={"max_body_bytes": 2048})
+    big = {**BODY, "messages": [{"role": "user", "content": "x" * 5000}]}
+    with gateway(config) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=big, timeout=10)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
