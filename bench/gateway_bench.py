@@ -20,6 +20,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import secrets
@@ -35,7 +36,11 @@ from typing import Any
 
 import benchlib as bl
 
-TARGETS = ("direct", "ncap", "ncap-memory", "litellm")
+TARGETS = ("direct", "ncap", "ncap-sqlite-normal", "ncap-memory", "litellm")
+# ncap target -> its stores: the default (SQLite, synchronous=FULL: every admitted
+# reservation is fsynced before dispatch), SQLite without the per-commit fsync, and
+# in-process stores (the overhead of the code path alone).
+NCAP_STORES = {"ncap": "sqlite", "ncap-sqlite-normal": "sqlite-normal", "ncap-memory": "memory"}
 DEFAULT_TARGETS = "direct,ncap,litellm"
 PIN_UPSTREAM = "1"
 PIN_LOADGEN = "0"
@@ -128,18 +133,18 @@ def direct_target(run: Run) -> Target:
 
 
 def ncap_config_text(upstream_port: int, work: Path, stores: str) -> str:
+    query = "?synchronous=normal" if stores == "sqlite-normal" else ""
+    ledger, budgets = f"sqlite:///{work}/ledger.db{query}", f"sqlite:///{work}/budgets.db{query}"
     if stores == "memory":
         ledger, budgets = "memory://", "memory://"
-    else:
-        ledger, budgets = f"sqlite:///{work}/ledger.db", f"sqlite:///{work}/budgets.db"
     return NCAP_CONFIG.format(upstream_port=upstream_port, ledger=ledger, budgets=budgets)
 
 
-def ncap_target(run: Run, stores: str) -> Target | str:
+def ncap_target(run: Run, name: str) -> Target | str:
     """Start ``ncap serve``; a string return is the reason it was skipped."""
     if not NCAP_BIN.exists():
         return f"{NCAP_BIN} not found"
-    name = "ncap" if stores == "sqlite" else "ncap-memory"
+    stores = NCAP_STORES[name]
     config = Path(run.args.ncap_config) if run.args.ncap_config else run.work / f"{name}.yaml"
     if not run.args.ncap_config:
         config.write_text(ncap_config_text(run.upstream_port, run.work / name, stores))
@@ -263,9 +268,10 @@ def add_overheads(rows: list[dict[str, Any]]) -> None:
     """added_p50_ms = target p50 - direct p50 at the same concurrency."""
     direct = {r["concurrency"]: r for r in rows if r["target"] == "direct"}
     for r in rows:
-        base = direct.get(r["concurrency"])
-        r["added_p50_ms"] = round(r["p50_ms"] - base["p50_ms"], 3) if base else None
-        r["added_p99_ms"] = round(r["p99_ms"] - base["p99_ms"], 3) if base else None
+        base = direct.get(r["concurrency"], {})
+        for key in ("p50_ms", "p99_ms"):
+            mine, theirs = r[key], base.get(key)
+            r[f"added_{key}"] = round(mine - theirs, 3) if None not in (mine, theirs) else None
 
 
 def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, Any]:
@@ -289,21 +295,9 @@ def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, An
 def markdown(rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[str, str]) -> str:
     headers = ["target", "c", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]
     headers += ["errors", "RSS MiB", "CPU ms/req"]
-    body = [
-        [
-            r["target"],
-            r["concurrency"],
-            r["throughput_rps"],
-            r["p50_ms"],
-            r["p99_ms"],
-            _fmt(r["added_p50_ms"]),
-            _fmt(r["added_p99_ms"]),
-            r["errors"],
-            r["rss_mib"],
-            _fmt(r["cpu_ms_per_req"]),
-        ]
-        for r in rows
-    ]
+    keys = ["throughput_rps", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "errors"]
+    keys += ["rss_mib", "cpu_ms_per_req"]
+    body = [[r["target"], r["concurrency"], *(_fmt(r[k]) for k in keys)] for r in rows]
     parts = [bl.md_table(headers, body)]
     if ratio:
         rrows = [
@@ -320,12 +314,12 @@ def _fmt(v: object) -> str:
 
 
 def starters(run: Run) -> dict[str, Callable[[], Target | str]]:
-    return {
+    out: dict[str, Callable[[], Target | str]] = {
         "direct": lambda: direct_target(run),
-        "ncap": lambda: ncap_target(run, "sqlite"),
-        "ncap-memory": lambda: ncap_target(run, "memory"),
         "litellm": lambda: litellm_target(run),
     }
+    out.update({name: functools.partial(ncap_target, run, name) for name in NCAP_STORES})
+    return out
 
 
 def bench_targets(run: Run) -> None:

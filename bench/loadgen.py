@@ -61,11 +61,11 @@ class Result:
     requests: int
     errors: int
     throughput_rps: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    max_ms: float
-    mean_ms: float
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    mean_ms: float | None
     ttfb_p50_ms: float | None
     ttfb_p99_ms: float | None
     error_kinds: dict[str, int]
@@ -162,6 +162,11 @@ async def run(
     return _summarise(url, concurrency, stream, measured_s, samples)
 
 
+def _ms(values: list[float], q: float) -> float | None:
+    """Percentile in ms rounded to µs; None (JSON null, never NaN) without samples."""
+    return round(percentile(values, q), 3) if values else None
+
+
 def _summarise(url: str, c: int, stream: bool, secs: float, s: Samples) -> Result:
     lat = sorted(x * 1000 for x in s.latencies)
     ttfb = sorted(x * 1000 for x in s.ttfbs)
@@ -172,14 +177,14 @@ def _summarise(url: str, c: int, stream: bool, secs: float, s: Samples) -> Resul
         duration_s=round(secs, 3),
         requests=len(lat),
         errors=s.errors,
-        throughput_rps=round(len(lat) / secs, 1) if secs > 0 else math.nan,
-        p50_ms=round(percentile(lat, 50), 3),
-        p90_ms=round(percentile(lat, 90), 3),
-        p99_ms=round(percentile(lat, 99), 3),
-        max_ms=round(lat[-1], 3) if lat else math.nan,
-        mean_ms=round(sum(lat) / len(lat), 3) if lat else math.nan,
-        ttfb_p50_ms=round(percentile(ttfb, 50), 3) if ttfb else None,
-        ttfb_p99_ms=round(percentile(ttfb, 99), 3) if ttfb else None,
+        throughput_rps=round(len(lat) / secs, 1) if secs > 0 else 0.0,
+        p50_ms=_ms(lat, 50),
+        p90_ms=_ms(lat, 90),
+        p99_ms=_ms(lat, 99),
+        max_ms=_ms(lat, 100),
+        mean_ms=round(sum(lat) / len(lat), 3) if lat else None,
+        ttfb_p50_ms=_ms(ttfb, 50),
+        ttfb_p99_ms=_ms(ttfb, 99),
         error_kinds=s.error_kinds,
     )
 

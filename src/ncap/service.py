@@ -69,6 +69,7 @@ class _StreamOpen:
     provider_request_id: str | None
     events: AsyncIterator[StreamEvent]
     first: StreamEvent | None
+    started: float
 
 
 @dataclass(slots=True)
@@ -179,7 +180,7 @@ class Gateway:
         async def attempt(rt: RouteRuntime, number: int) -> _StreamOpen:
             started = time.monotonic()
             try:
-                return await self._open_stream(rt, _for_route(body, rt))
+                return await self._open_stream(rt, _for_route(body, rt), started)
             except AttemptFailed as exc:
                 await self.accounting.attempt_failed(plan, number, rt, exc, started)
                 raise
@@ -189,7 +190,9 @@ class Gateway:
         headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
         return Reply(200, headers, stream=self._relay(plan, rt, opened))
 
-    async def _open_stream(self, rt: RouteRuntime, body: Mapping[str, Any]) -> _StreamOpen:
+    async def _open_stream(
+        self, rt: RouteRuntime, body: Mapping[str, Any], started: float
+    ) -> _StreamOpen:
         stack = AsyncExitStack()
         try:
             rid, events = await stack.enter_async_context(
@@ -199,7 +202,7 @@ class Gateway:
         except BaseException:
             await stack.aclose()
             raise
-        return _StreamOpen(stack, rid, events, first)
+        return _StreamOpen(stack, rid, events, first, started)
 
     async def _relay(
         self, plan: Plan, rt: RouteRuntime, opened: _StreamOpen
@@ -207,7 +210,7 @@ class Gateway:
         """Forward each upstream event as it arrives; settle when the stream ends or is
         cut (a cut stream stays pending with its reservation held)."""
         tally = _Tally(provider_request_id=opened.provider_request_id)
-        number, started = plan.attempts, time.monotonic()
+        number, started = plan.attempts, opened.started
         cut: str | None = "client_disconnect"
         try:
             async with opened.stack:

@@ -39,9 +39,7 @@ def test_stream_is_not_buffered(fake: tuple[str, FakeState], tmp_path: Path) -> 
     assert arrivals[1] - arrivals[0] > 0.8, arrivals
 
 
-def test_503_then_200_succeeds_in_two_attempts(
-    fake: tuple[str, FakeState], tmp_path: Path
-) -> None:
+def test_503_then_200_succeeds_in_two_attempts(fake: tuple[str, FakeState], tmp_path: Path) -> None:
     key = _key()
     headers = {"x-fake-fault": "overloaded", "x-fake-fail-times": "1", "x-fake-fail-key": key}
     with gateway(_faulty(fake, tmp_path, headers)) as gw:
@@ -90,9 +88,7 @@ def test_hung_upstream_times_out_at_route_limit(
     assert 0.45 <= elapsed < 1.5, elapsed
 
 
-def test_upstream_400_is_relayed_not_retried(
-    fake: tuple[str, FakeState], tmp_path: Path
-) -> None:
+def test_upstream_400_is_relayed_not_retried(fake: tuple[str, FakeState], tmp_path: Path) -> None:
     key = _key()
     headers = {"x-fake-fault": "server_error_400", "x-fake-fail-times": "9", "x-fake-fail-key": key}
     with gateway(_faulty(fake, tmp_path, headers)) as gw:

@@ -341,6 +341,7 @@ INVALID: list[tuple[str, dict[str, Any] | bytes, type[InvalidRequest], str | Non
         InvalidJSON,
         None,
     ),
+    ("deep-allow-listed-extra", body(top_k=nested(200)), InvalidJSON, None),
     # required fields
     ("missing-model", body(model=DROP), MissingParameter, "model"),
     ("missing-messages", body(messages=DROP), MissingParameter, "messages"),
@@ -822,9 +823,11 @@ def test_invalid_body_is_rejected(
     _expect(info.value, cls, param)
 
 
-def test_invalid_table_is_large_and_unique() -> None:
+def test_invalid_table_is_large_unique_and_covers_every_field() -> None:
     assert len(INVALID) >= 60
     assert len({case[0] for case in INVALID}) == len(INVALID)
+    roots = {param.split(".")[0] for *_, param in INVALID if param}
+    assert roots >= CHAT_FIELDS, CHAT_FIELDS - roots
 
 
 @pytest.mark.parametrize(("case", "value"), VALID_BODIES, ids=[c[0] for c in VALID_BODIES])
@@ -916,6 +919,16 @@ def test_allow_listed_candidate_field_is_accepted() -> None:
     value = body(candidate_count=2)
     decoded, _ = parse_chat_request(raw(value), extra_fields=lambda model: {"candidate_count"})
     assert decoded["candidate_count"] == 2
+
+
+@pytest.mark.parametrize(("depth", "ok"), [(MAX_DEPTH, True), (MAX_DEPTH + 1, False)])
+def test_nesting_limit_in_free_form_json(depth: int, ok: bool) -> None:
+    value = raw(body(tools=[tool(parameters=nested(depth))]))
+    if ok:
+        parse_chat_request(value)
+    else:
+        with pytest.raises(InvalidJSON):
+            parse_chat_request(value)
 
 
 def test_extra_fields_is_not_called_for_known_fields() -> None:

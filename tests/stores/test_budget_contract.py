@@ -347,3 +347,28 @@ async def test_quota_scope(budgets: BudgetStore) -> None:
     assert budgets.quota_scope in ("instance", "host")
     expected = "instance" if type(budgets).__name__.startswith("Memory") else "host"
     assert budgets.quota_scope == expected
+
+
+async def test_a_restarted_gateway_recovers_what_a_dead_one_held(budget_factory: Any) -> None:
+    """SQLite: holds are rows, so a new process finds them; memory: they died with it."""
+    dead = budget_factory("g1")
+    kept = await reserve(dead, hold_id="req-9#0")
+    await reserve(dead, hold_id="req-9#1")
+    await dead.keep(kept)
+    restarted = budget_factory("g2")
+    if restarted.quota_scope == "instance":
+        assert await restarted.recover_lost("g1") == 0
+        assert await restarted.outstanding() == []
+        return
+    assert await restarted.recover_lost("g1") == 1  # the active one; the kept one stays kept
+    assert await restarted.recover_lost("g1") == 0
+    held = await restarted.outstanding()
+    assert [(h.hold_id, h.state, h.gateway_instance) for h in held] == [
+        ("req-9#0", "kept", "g1"),
+        ("req-9#1", "kept", "g1"),
+    ]
+    assert held[0].created_at.tzinfo is not None
+    u = await usage(restarted)
+    assert (u.in_flight, u.tokens_day, u.cost_day) == (0, 2_000, 20_000)
+    assert await restarted.settle("req-9#0", 100, 1_000)  # reconciliation settles by id
+    assert (await usage(restarted)).cost_day == 11_000

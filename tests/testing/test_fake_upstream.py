@@ -457,6 +457,24 @@ async def test_models_and_legacy_completions(
     assert upstream.stats()["by_endpoint"] == {"completions": 1}
 
 
+async def test_legacy_stream_demuxes_to_the_plain_answer(
+    upstream: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    body: dict[str, Any] = {"model": "fake-model", "prompt": "Once upon a time", "n": 2}
+    async with http.post(upstream.base_url + "/completions", json=body) as reply:
+        plain = await reply.json()
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    async with http.post(upstream.base_url + "/completions", json=body) as reply:
+        events = _events(await reply.read())
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    assert texts == {c["index"]: c["text"] for c in plain["choices"]}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == plain["usage"]
+
+
 def test_runs_as_a_separate_process() -> None:
     with fake_upstream_process("rate_limit") as process:
         assert process.base_url.startswith("http://127.0.0.1:")

@@ -161,3 +161,7 @@ def main() -> None:
 
 def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -83,6 +83,7 @@ class LlamaModel:
         params.kv_unified = True
         params.n_threads = settings.threads
         params.n_threads_batch = settings.threads
+        params.flash_attn_type = 1  # skips masked cells: results independent of layout
         params.no_perf = True
         ctx = lib.llama_init_from_model(self._model, params)
         if not ctx:

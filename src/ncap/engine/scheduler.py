@@ -7,6 +7,14 @@ samples every sequence from its own logits row. A prompt is evaluated once: its 
 carry all n sequence ids of the request (unified KV cache), and only its last token asks
 for logits, from which all n choices draw their first token.
 
+A finished choice keeps its KV cells until its whole request ends: llama.cpp reuses
+freed cells at once, and a sequence whose later tokens sit in lower cells than its
+earlier ones attends in a different order, which changes the floating-point result.
+Keeping the cells (and flash attention, which skips masked cells) makes a request that
+runs alone reproducible to the bit: choice i with seed s equals choice 0 of an n=1
+request with seed s+i. Concurrent requests can still reorder each other's cells, so
+under load a seed is best-effort, as with OpenAI.
+
 Admission reserves ``prompt + n × max_new`` KV cells, so a running request never runs out
 of cells; a request that alone needs more than the whole cache runs alone and its
 choices end with ``length`` if the cache fills. Results go back to the caller through a
@@ -355,10 +363,10 @@ class Scheduler:
             seq.out_text.append(seq.text.finish())
         seq.finish_reason = reason
         seq.pending = None
-        self._release(seq)
+        seq.sampler.close()
 
     def _release(self, seq: _Sequence) -> None:
-        """Free a sequence's KV cells (shared prompt cells stay while others use them)."""
+        """Free a sequence's KV cells and id (shared prompt cells go with the last one)."""
         self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         self._free_ids.append(seq.seq_id)
         seq.sampler.close()
@@ -397,9 +405,8 @@ class Scheduler:
     def _drop(self, job: Job) -> None:
         """Take a job off the running list, freeing whatever it still holds."""
         for seq in job.sequences:
-            if seq.live:
-                seq.finish_reason = "cancelled"
-                self._release(seq)
+            seq.finish_reason = seq.finish_reason or "cancelled"
+            self._release(seq)
         if job in self._running:
             self._running.remove(job)
             self._reserved -= job.prepared.reserve

@@ -39,6 +39,7 @@ ADMISSION = web.AppKey("admission", Admission)
 CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
+REQUEST_ID = web.RequestKey("request_id", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -64,13 +65,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except NcapError as exc:
-        return error_response(exc, request.get("request_id"))
+        return error_response(exc, request.get(REQUEST_ID))
     except web.HTTPException as exc:
         return _http_exception(exc)
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(
-            NcapError("The gateway had an internal error."), request.get("request_id")
+            NcapError("The gateway had an internal error."), request.get(REQUEST_ID)
         )
 
 
@@ -100,7 +101,7 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     request_id = "req-" + uuid.uuid4().hex
-    request["request_id"] = request_id
+    request[REQUEST_ID] = request_id
     caller = _authenticate(request, app[CONFIG])
     admission = app[ADMISSION]
     admission.enter()

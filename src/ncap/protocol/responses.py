@@ -37,8 +37,9 @@ __all__ = [
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
 
-class _Wire(msgspec.Struct, omit_defaults=True):
-    pass
+class _Wire(msgspec.Struct):
+    """Fields set to ``UNSET`` are left out; every other field is written, defaults
+    included (``object``, ``role``, ``logprobs.refusal`` are required by the reference)."""
 
 
 class TopLogprob(_Wire):

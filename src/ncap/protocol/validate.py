@@ -87,7 +87,7 @@ def parse_chat_request(
     fields = _known_fields(body, CHAT_FIELDS, extra_fields)
     request = _convert(fields, ChatCompletionRequest)
     _check_chat_rules(request)
-    _check_depth(_free_form(request), body, fields)
+    _check_depth(raw, chain(_free_form(request), _extras(body, fields)))
     return body, request
 
 
@@ -99,7 +99,7 @@ def parse_completion_request(
     fields = _known_fields(body, COMPLETION_FIELDS, extra_fields)
     request = _convert(fields, CompletionRequest)
     _check_completion_rules(request)
-    _check_depth((), body, fields)
+    _check_depth(raw, _extras(body, fields))
     return body, request
 
 
@@ -163,7 +163,8 @@ def _check_chat_rules(request: ChatCompletionRequest) -> None:
         if type(message) is ChatCompletionRequestAssistantMessage and not _has_content(message):
             raise MissingParameter(
                 f"Missing required parameter: 'messages.[{index}].content' (an assistant "
-                "message needs content unless it has tool_calls or function_call).",
+                "message needs content unless it has tool_calls, function_call, refusal or "
+                "audio).",
                 param=f"messages.[{index}].content",
             )
 
@@ -213,32 +214,45 @@ def _free_form(request: ChatCompletionRequest) -> Iterator[Any]:
         yield request.tool_choice.allowed_tools.tools
 
 
-def _check_depth(free_form: Iterable[Any], body: dict[str, Any], fields: dict[str, Any]) -> None:
-    """Reject containers nested beyond ``MAX_DEPTH`` in free-form JSON or allow-listed extras.
+def _extras(body: dict[str, Any], fields: dict[str, Any]) -> Iterator[Any]:
+    """The allow-listed extra fields' values (forwarded as they are, so of unbounded depth)."""
+    if body is not fields:
+        yield from (value for key, value in body.items() if key not in fields)
 
-    The typed parts of a request have a bounded depth, so only free-form values are
-    walked, iteratively (nothing here can exhaust the recursion limit).
+
+def _check_depth(raw: bytes, values: Iterable[Any]) -> None:
+    """Reject containers nested beyond ``MAX_DEPTH`` in free-form values.
+
+    The typed parts of a request are shallow by construction, so only free-form values
+    are walked, and only when the body has enough brackets to be that deep at all.
     """
-    extras = (
-        (value for key, value in body.items() if key not in fields) if body is not fields else ()
-    )
-    for value in chain(free_form, extras):
-        if isinstance(value, dict | list) and _too_deep(value):
-            raise InvalidJSON(
-                f"The JSON body of your request is nested more than {MAX_DEPTH} levels deep."
-            )
+    containers = [value for value in values if type(value) in _CONTAINERS]
+    if (
+        containers
+        and raw.count(b"{") + raw.count(b"[") > MAX_DEPTH
+        and any(_too_deep(value) for value in containers)
+    ):
+        raise InvalidJSON(
+            f"The JSON body of your request is nested more than {MAX_DEPTH} levels deep."
+        )
+
+
+_CONTAINERS = (dict, list)
 
 
 def _too_deep(root: dict[str, Any] | list[Any]) -> bool:
-    stack: list[tuple[Any, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return True
-        for child in node.values() if isinstance(node, dict) else node:
-            if isinstance(child, dict | list):
-                stack.append((child, depth + 1))
-    return False
+    """Breadth-first, one level at a time: iterative, so it cannot exhaust the stack."""
+    level: list[Any] = [root]
+    for _ in range(MAX_DEPTH):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if type(node) is dict else node)
+            if type(child) in _CONTAINERS
+        ]
+        if not level:
+            return False
+    return True
 
 
 def _given(value: object) -> bool:
@@ -476,8 +490,8 @@ def _describe(kind: mi.Type) -> str:
 
 def _length(low: int | None, high: int | None, unit: str) -> str:
     units = unit if (high if high is not None else low) == 1 else unit + "s"
-    return _span(low, high, f" of {{}} to {{}} {units}", f" of at least {{}} {units}",
-                 f" of at most {{}} {units}")  # fmt: skip
+    both, low_only, high_only = " of {} to {} ", " of at least {} ", " of at most {} "
+    return _span(low, high, both + units, low_only + units, high_only + units)
 
 
 def _span(low: float | None, high: float | None, both: str, low_only: str, high_only: str) -> str:

@@ -17,6 +17,7 @@ the measurement); ``?synchronous=normal`` in the URL opts out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -114,15 +115,6 @@ class SQLiteWriter:
         result: T = await asyncio.wrap_future(job.future)
         return result
 
-    def run_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """The blocking form, for code that has no event loop (CLI, start-up)."""
-        if self._closed:
-            raise RuntimeError(f"SQLite store {self.path} is closed")
-        job = _Job(fn)
-        self._queue.put(job)
-        result: T = job.future.result()
-        return result
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -167,9 +159,9 @@ def _commit(conn: sqlite3.Connection, batch: list[_Job]) -> None:
         outcomes = [_run_one(conn, job) for job in batch]
         conn.execute("COMMIT")
     except BaseException as exc:
-        _rollback(conn)
         for job in batch:
             _resolve(job.future, False, exc)
+        _rollback(conn)
         return
     for job, (ok, value) in zip(batch, outcomes, strict=True):
         _resolve(job.future, ok, value)
@@ -195,8 +187,11 @@ def _run_one(conn: sqlite3.Connection, job: _Job) -> tuple[bool, Any]:
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo a failed batch. Its callers already hold the original error; a connection
+    that cannot even roll back reports itself at the next batch's BEGIN."""
     if conn.in_transaction:
-        conn.execute("ROLLBACK")
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
 
 
 def _resolve(future: Future[Any], ok: bool, value: Any) -> None:
@@ -218,9 +213,6 @@ class SQLiteReader:
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._call, fn)
-
-    def run_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return self._executor.submit(self._call, fn).result()
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None:

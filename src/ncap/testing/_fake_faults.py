@@ -3,7 +3,29 @@
 A profile list is ``name[=value][,name[=value]...]``, from the process (``--profile``)
 or from the ``x-fake-fault`` request header, which replaces the process list for that
 request (``x-fake-fault: none`` turns every fault off). ``value`` is the profile's main
-parameter (see ``_VALUE_OF``); a dedicated ``x-fake-*`` header overrides it.
+parameter; the ``x-fake-*`` header in brackets overrides it.
+
+    latency=MS               wait before answering [x-fake-latency-ms, alone it implies latency]
+    rate_limit=S, slow_down  429 slow_down with Retry-After S (default 1) [x-fake-retry-after]
+    rate_limit_exceeded=S    429 rate_limit_exceeded with Retry-After
+    overloaded[=S]           503 server_is_overloaded (Retry-After only when given)
+    timeout=S                hang S seconds (default 3600), then 504 [x-fake-timeout-s]
+    error_500, bad_gateway_html, server_error_400 (param n) [x-fake-error-param]
+    malformed_json           invalid JSON body; in a stream, one invalid chunk
+    extra_choices, fewer_choices   n+1 / n-1 choices
+    missing_usage, stream_no_usage no usage (body / stream); usage_with_choices: usage
+                             rides on the last choice chunk instead of its own chunk
+    reset_mid_stream=K       K events (default: role chunks + 2) then a TCP abort; a
+                             non-stream body is cut in half [x-fake-after-chunks]
+    truncated_stream=K       K events then a clean end: no finish, usage or [DONE]
+    slow_chunks=MS           delay between events (default 50) [x-fake-chunk-delay-ms]
+    first_chunk_then_pause=MS  pause after the first event (default 1000) [x-fake-pause-ms]
+    fragmented_stream=B      write events in B-byte pieces (default 7) [x-fake-fragment-bytes]
+
+Other headers: ``x-fake-error-code`` (replace an error's code), ``x-fake-completion-tokens``
+(exact tokens per choice before the ceiling), ``x-fake-cached-tokens``,
+``x-fake-reasoning-tokens`` (usage details; reasoning adds to completion_tokens), and
+``x-fake-fail-times: K`` + ``x-fake-fail-key`` (faults only for the key's first K requests).
 """
 
 from __future__ import annotations

@@ -1,0 +1,375 @@
+"""Policy before dispatch, per-attempt ledger rows and their budget effect (SPEC §4–§7),
+through the real gateway in front of the fake upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from ncap.domain.events import LedgerEvent
+from ncap.domain.reservation import estimate_input_tokens
+from ncap.stores import SQLiteBudgetStore, SQLiteLedgerStore
+from ncap.stores.base import Hold
+from ncap.testing.fake_upstream import FakeState
+from tests.support import ServerThread, gateway, gateway_config
+
+MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "Pick a number."}]
+BODY: dict[str, Any] = {"model": "fake-model", "messages": MESSAGES}
+
+
+async def rows(tmp: Path, request_id: str | None = None) -> list[LedgerEvent]:
+    store = SQLiteLedgerStore(tmp / "ledger.db")
+    try:
+        if request_id is not None:
+            return await store.get(request_id)
+        return [e async for e in store.export()]
+    finally:
+        await store.close()
+
+
+async def holds(tmp: Path) -> list[Hold]:
+    store = SQLiteBudgetStore(tmp / "budgets.db", gateway_instance="reader")
+    try:
+        return await store.outstanding()
+    finally:
+        await store.close()
+
+
+async def settled_rows(tmp: Path, request_id: str, count: int = 1) -> list[LedgerEvent]:
+    """A streamed attempt settles just after its last byte: wait for its final state."""
+    deadline = time.monotonic() + 5
+    while True:
+        found = await rows(tmp, request_id)
+        if len(found) >= count and all(r.state != "reserved" for r in found):
+            return found
+        assert time.monotonic() < deadline, found
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def faulty(fake: tuple[str, FakeState], tmp_path: Path) -> Iterator[Any]:
+    """Start a gateway whose route sends the given fault headers upstream."""
+    servers: list[Any] = []
+
+    def start(headers: dict[str, str], **config: Any) -> ServerThread:
+        route = {"headers": headers, **config.pop("route", {})}
+        cfg = gateway_config(fake[0], tmp_path, routes={"fake": route}, **config)
+        cm = gateway(cfg)
+        servers.append(cm)
+        return cm.__enter__()
+
+    yield start
+    for cm in servers:
+        cm.__exit__(None, None, None)
+
+
+def _fail_once(fault: str) -> dict[str, str]:
+    return {"x-fake-fault": fault, "x-fake-fail-times": "1", "x-fake-fail-key": uuid.uuid4().hex}
+
+
+async def post(gw: ServerThread, body: dict[str, Any], **kw: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        return await client.post("/v1/chat/completions", json=body, **kw)
+
+
+# -- denial before dispatch -------------------------------------------------------------
+
+
+async def test_denied_request_makes_no_upstream_call(
+    gw: ServerThread, fake_state: FakeState, tmp_path: Path
+) -> None:
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x")  # default: 2 retries
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**BODY, n=5)
+    assert info.value.code == "candidate_count_exceeds_policy"
+    assert info.value.param == "n"
+    assert "4" in info.value.message  # the maximum is stated
+    assert fake_state.stats()["requests"] == 0
+    events = await rows(tmp_path)
+    assert len(events) == 1  # one event: the SDK did not retry
+    (event,) = events
+    assert (event.state, event.policy_result, event.policy_reason) == (
+        "denied",
+        "deny",
+        "candidate_count_exceeds_policy",
+    )
+    assert (event.requested_candidate_count, event.effective_candidate_count) == (5, 5)
+    assert await holds(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "param"),
+    [
+        ({"n": 2, "temperature": 0}, "candidates_with_greedy_sampling", "n"),
+        ({"max_completion_tokens": 5000}, "output_ceiling_exceeds_policy", "max_completion_tokens"),
+        ({"max_tokens": 5000}, "output_ceiling_exceeds_policy", "max_tokens"),
+    ],
+)
+async def test_policy_denials(
+    gw: ServerThread,
+    fake_state: FakeState,
+    tmp_path: Path,
+    extra: dict[str, Any],
+    code: str,
+    param: str,
+) -> None:
+    r = await post(gw, {**BODY, **extra})
+    assert r.status_code == 400
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == (code, param)
+    assert r.headers["x-should-retry"] == "false"
+    assert fake_state.stats()["requests"] == 0
+    assert [e.state for e in await rows(tmp_path)] == ["denied"]
+
+
+async def test_route_without_contract_refuses_n_above_one(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    cfg = gateway_config(fake[0], tmp_path, routes={"fake": {"contract": {"candidates": None}}})
+    fake[1].reset()
+    with gateway(cfg) as gw:
+        denied = await post(gw, {**BODY, "n": 2})
+        allowed = await post(gw, BODY)
+    assert denied.json()["error"]["code"] == "route_does_not_support_candidates"
+    assert allowed.status_code == 200
+    assert fake[1].stats()["requests"] == 1
+
+
+async def test_omitted_n_is_recorded_as_null(
+    gw: ServerThread, fake_state: FakeState, tmp_path: Path
+) -> None:
+    r = await post(gw, BODY)
+    assert r.headers["x-ncap-candidates-requested"] == "omitted"
+    (event,) = await rows(tmp_path, r.headers["x-request-id"])
+    assert event.requested_candidate_count is None
+    assert event.effective_candidate_count == 1
+    assert event.returned_candidate_count == 1
+    assert event.state == "settled"
+    assert event.usage_source == "provider_response"
+    # the request set no ceiling: the gateway sent the one it reserved for
+    (sent,) = fake_state.stats()["recent_bodies"]
+    assert sent["max_completion_tokens"] == 256
+    assert event.reserved_output_tokens == 256
+
+
+async def test_settled_row_replaces_reservation(gw: ServerThread, tmp_path: Path) -> None:
+    r = await post(gw, {**BODY, "n": 3, "max_completion_tokens": 50})
+    (event,) = await rows(tmp_path, r.headers["x-request-id"])
+    assert event.state == "settled"
+    assert event.reserved_output_tokens == 3 * 50
+    assert event.reserved_input_tokens == estimate_input_tokens(MESSAGES)
+    assert int(r.headers["x-ncap-reserved-tokens"]) == (
+        event.reserved_input_tokens + event.reserved_output_tokens
+    )
+    usage = r.json()["usage"]
+    assert (event.input_tokens, event.output_tokens_total) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    assert event.cost_micros is not None and event.cost_micros <= event.reserved_cost_micros
+    assert event.finish_reasons == {"stop": 3}
+    assert await holds(tmp_path) == []
+
+
+# -- the fault matrix -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "returned", "reason"),
+    [
+        ("extra_choices", 3, "returned_mismatch"),
+        ("fewer_choices", 1, "returned_mismatch"),
+        ("missing_usage", 2, "usage_missing"),
+    ],
+)
+async def test_non_stream_mismatch_is_flagged_and_held(
+    faulty: Any, tmp_path: Path, fault: str, returned: int, reason: str
+) -> None:
+    gw = faulty({"x-fake-fault": fault})
+    r = await post(gw, {**BODY, "n": 2})
+    assert r.status_code == 200
+    assert r.headers["x-ncap-candidates-returned"] == str(returned)
+    (event,) = await rows(tmp_path, r.headers["x-request-id"])
+    assert event.state == "usage_reconciliation_required"
+    assert event.reconciliation_reason == reason
+    assert event.returned_candidate_count == returned
+    assert event.provider_request_id is not None
+    assert event.cost_micros is None  # never guessed
+    (hold,) = await holds(tmp_path)
+    assert (hold.state, hold.tokens) == ("kept", event.reserved_input_tokens + 512)
+
+
+async def test_stream_without_usage_stays_pending(faulty: Any, tmp_path: Path) -> None:
+    gw = faulty({"x-fake-fault": "stream_no_usage"})
+    r = await post(gw, {**BODY, "n": 2, "stream": True})
+    assert r.text.endswith("data: [DONE]\n\n")
+    (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
+    assert (event.state, event.reconciliation_reason) == ("pending", "usage_missing")
+    assert event.usage_source == "none"
+    assert event.returned_candidate_count == 2
+    assert [h.state for h in await holds(tmp_path)] == ["kept"]
+
+
+async def test_stream_with_usage_settles(gw: ServerThread, tmp_path: Path) -> None:
+    r = await post(gw, {**BODY, "n": 2, "stream": True})
+    (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
+    assert (event.state, event.usage_source) == ("settled", "provider_stream")
+    assert event.output_tokens_total and event.output_tokens_total > 0
+    assert await holds(tmp_path) == []
+
+
+async def test_client_disconnect_mid_stream_stays_pending(
+    faulty: Any, fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    gw = faulty({"x-fake-fault": "slow_chunks", "x-fake-chunk-delay-ms": "100"})
+    async with (
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as r,
+    ):
+        request_id = r.headers["x-request-id"]
+        async for _line in r.aiter_lines():
+            break  # the client leaves after the first event
+    (event,) = await settled_rows(tmp_path, request_id)
+    assert (event.state, event.reconciliation_reason) == ("pending", "stream_cut")
+    assert [h.state for h in await holds(tmp_path)] == ["kept"]
+    deadline = time.monotonic() + 3
+    while fake[1].stats()["in_flight"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert fake[1].stats()["in_flight"] == 0  # the upstream request was cancelled too
+
+
+async def test_upstream_reset_mid_stream(faulty: Any, tmp_path: Path) -> None:
+    gw = faulty({"x-fake-fault": "reset_mid_stream", "x-fake-after-chunks": "3"})
+    r = await post(gw, {**BODY, "n": 2, "stream": True})
+    assert '"error"' in r.text and "[DONE]" not in r.text
+    (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
+    assert (event.state, event.reconciliation_reason) == ("pending", "stream_cut")
+    assert [h.state for h in await holds(tmp_path)] == ["kept"]
+
+
+async def test_429_then_success_writes_two_attempts(faulty: Any, tmp_path: Path) -> None:
+    gw = faulty(_fail_once("rate_limit=0"))
+    r = await post(gw, BODY)
+    assert r.status_code == 200
+    first, second = await rows(tmp_path, r.headers["x-request-id"])
+    assert (first.attempt, first.state, first.cost_micros) == (1, "settled", 0)
+    assert first.returned_candidate_count == 0
+    assert (second.attempt, second.state) == (2, "settled")
+    assert second.output_tokens_total
+    assert await holds(tmp_path) == []
+
+
+async def test_timeout_then_success_keeps_first_attempt_open(faulty: Any, tmp_path: Path) -> None:
+    gw = faulty(_fail_once("timeout"), route={"timeout_s": 0.3})
+    r = await post(gw, BODY)
+    assert r.status_code == 200
+    first, second = await rows(tmp_path, r.headers["x-request-id"])
+    assert (first.state, first.reconciliation_reason) == (
+        "usage_reconciliation_required",
+        "timeout",
+    )
+    assert first.cost_micros is None
+    assert second.state == "settled"
+    (hold,) = await holds(tmp_path)  # the timed-out attempt's reservation stays held
+    assert hold.hold_id.endswith("#1") and hold.state == "kept"
+
+
+async def test_fallback_after_503(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    primary = {
+        "provider": "openai",
+        "base_url": fake[0],
+        "upstream_model": "fake-model",
+        "retries": 1,
+        "backoff_s": 0.01,
+        "headers": {"x-fake-fault": "overloaded"},
+        "contract": {"candidates": "native", "max_candidates": 8},
+    }
+    cfg = gateway_config(
+        fake[0],
+        tmp_path,
+        models={"fake-model": ["primary", "fake"]},
+        routes={"primary": primary},
+    )
+    with gateway(cfg) as gw:
+        r = await post(gw, {**BODY, "n": 2})
+    assert r.status_code == 200
+    assert r.headers["x-ncap-route"] == "fake"
+    events = await rows(tmp_path, r.headers["x-request-id"])
+    assert [(e.attempt, e.route_id, e.state) for e in events] == [
+        (1, "primary", "settled"),
+        (2, "primary", "settled"),
+        (3, "fake", "settled"),
+    ]
+    assert [e.cost_micros for e in events[:2]] == [0, 0]
+    assert events[2].returned_candidate_count == 2
+
+
+async def test_fallback_without_contract_is_not_used_for_n_above_one(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    primary = {
+        "provider": "openai",
+        "base_url": fake[0],
+        "retries": 0,
+        "headers": {"x-fake-fault": "overloaded"},
+        "contract": {"candidates": "native", "max_candidates": 8},
+    }
+    cfg = gateway_config(
+        fake[0],
+        tmp_path,
+        models={"fake-model": ["primary", "fake"]},
+        routes={"primary": primary, "fake": {"contract": {"candidates": "unsupported"}}},
+    )
+    with gateway(cfg) as gw:
+        multi = await post(gw, {**BODY, "n": 2})
+        single = await post(gw, BODY)
+    assert multi.status_code == 503  # the fallback cannot serve n=2: not used
+    assert single.status_code == 200 and single.headers["x-ncap-route"] == "fake"
+
+
+# -- concurrency against a budget -------------------------------------------------------
+
+
+async def test_200_concurrent_requests_against_50_reservations(
+    faulty: Any, fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    ceiling = 100
+    per_request = estimate_input_tokens(MESSAGES) + ceiling
+    # every request arrives before the first one settles (settling frees budget)
+    gw = faulty(
+        {"x-fake-fault": "latency=3000"},
+        route={"timeout_s": 20},
+        workloads={
+            "default": {
+                "max_candidates": 4,
+                "max_concurrency": None,
+                "tokens_per_day": 50 * per_request,
+            }
+        },
+    )
+    fake[1].reset()
+    body = {**BODY, "max_completion_tokens": ceiling}
+    limits = httpx.Limits(max_connections=200)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30, limits=limits) as client:
+        responses = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=body) for _ in range(200))
+        )
+    codes = [r.status_code for r in responses]
+    assert codes.count(200) == 50
+    assert codes.count(429) == 150
+    assert {r.json()["error"]["code"] for r in responses if r.status_code == 429} == {
+        "budget_exhausted"
+    }
+    assert fake[1].stats()["requests"] == 50
+    events = await rows(tmp_path)
+    settled = [e for e in events if e.state == "settled"]
+    assert len(settled) == 50
+    assert len([e for e in events if e.state == "denied"]) == 150
+    assert sum(e.total_tokens or 0 for e in settled) <= 50 * per_request
