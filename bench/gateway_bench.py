@@ -150,7 +150,8 @@ def ncap_target(run: Run, name: str) -> Target | str:
         config.write_text(ncap_config_text(run.upstream_port, run.work / name, stores))
         (run.work / name).mkdir(exist_ok=True)
     port = bl.free_port()
-    argv = [str(NCAP_BIN), "serve", "--config", str(config), "--port", str(port)]
+    argv = [*bl.pin_prefix(run.args.pin_target), str(NCAP_BIN), "serve", "--config", str(config)]
+    argv += ["--port", str(port)]
     server = bl.start_server(name, argv, run.work, env={"NCAP_BENCH_UPSTREAM_KEY": "dummy"})
     return _ready_or_reason(Target(name, _chat_url(port), server, note=f"{stores} stores"))
 
@@ -159,7 +160,8 @@ def litellm_target(run: Run) -> Target | str:
     if not LITELLM_BIN.exists():
         return "not installed (run scripts/setup-litellm.sh)"
     port, key = bl.free_port(), "sk-" + secrets.token_hex(32)
-    argv = [str(LITELLM_BIN), "--config", str(bl.BENCH / "litellm_config.yaml")]
+    argv = [*bl.pin_prefix(run.args.pin_target), str(LITELLM_BIN)]
+    argv += ["--config", str(bl.BENCH / "litellm_config.yaml")]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     env = dict(LITELLM_ENV, LITELLM_MASTER_KEY=key)
     env["NCAP_BENCH_UPSTREAM_BASE"] = f"http://127.0.0.1:{run.upstream_port}/v1"
@@ -363,6 +365,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--upstream-module", help="force 'ncap.testing.fake_upstream' or 'standin'")
     p.add_argument("--pin-upstream", default=PIN_UPSTREAM, help="taskset CPU list ('' = none)")
     p.add_argument("--pin-loadgen", default=PIN_LOADGEN, help="taskset CPU list ('' = none)")
+    p.add_argument("--pin-target", default="", help="taskset CPU list for the gateway")
     p.add_argument("--output", default=str(bl.BENCH / "results" / "gateway.json"))
     p.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
     args = p.parse_args(argv)
@@ -409,7 +412,7 @@ def write_results(
         "upstream": args.upstream_module or bl.fake_upstream_module(),
         "pin_upstream": args.pin_upstream or None,
         "pin_loadgen": args.pin_loadgen or None,
-        "pin_target": None,
+        "pin_target": args.pin_target or None,
         "body": json.loads(bl.chat_body("fake-model", args.stream)),
     }
     doc = {"machine": info, "settings": settings, "rows": run.rows, "ncap_vs_litellm": ratio}

@@ -44,12 +44,15 @@ VERSIONS = (
 )
 
 
-def start_proxies(work: Path, upstream_url: str) -> dict[str, tuple[bl.Server, str]]:
+def start_proxies(
+    work: Path, upstream_url: str, args: argparse.Namespace
+) -> dict[str, tuple[bl.Server, str]]:
     """Start one proxy per stack; returns kind -> (server, url)."""
     out: dict[str, tuple[bl.Server, str]] = {}
-    for kind in KINDS:
+    for kind in args.stacks:
         port = bl.free_port()
-        argv = [str(bl.VENV_PY), str(bl.BENCH / "proxies.py"), kind, "--port", str(port)]
+        argv = [*bl.pin_prefix(args.pin_target), str(bl.VENV_PY), str(bl.BENCH / "proxies.py")]
+        argv += [kind, "--port", str(port)]
         argv += ["--upstream", upstream_url]
         server = bl.start_server(kind.replace("+", "_"), argv, work)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -150,7 +153,7 @@ def measure_proxies(args: argparse.Namespace, work: Path) -> list[dict[str, Any]
     try:
         bl.wait_ready(upstream, upstream_url, bl.chat_body("fake-model"), timeout_s=30)
         targets = {"direct (fake upstream)": (upstream, upstream_url)}
-        targets.update(start_proxies(work, upstream_url))
+        targets.update(start_proxies(work, upstream_url, args))
         return summarise(run_rounds(targets, args))
     finally:
         for server, _ in targets.values():
@@ -168,8 +171,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--upstream-module", help="force 'ncap.testing.fake_upstream' or 'standin'")
     p.add_argument("--pin-upstream", default=PIN_UPSTREAM)
     p.add_argument("--pin-loadgen", default=PIN_LOADGEN)
+    p.add_argument("--pin-target", default="", help="taskset CPU list for the proxies")
+    p.add_argument("--stacks", default=",".join(KINDS), help="comma list of proxies.KINDS")
     p.add_argument("--output", default=str(bl.BENCH / "results" / "stack_choice.json"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.stacks = [k for k in args.stacks.split(",") if k]
+    unknown = set(args.stacks) - set(KINDS)
+    if unknown:
+        p.error(f"unknown stacks {sorted(unknown)}; choose from {KINDS}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,11 @@ def test_chat_defaults() -> None:
         ({"messages": []}, InvalidValue, "messages"),
         ({"messages": MESSAGES, "n": "2"}, InvalidType, "n"),
         ({"messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, InvalidValue, "stop"),
-        ({"messages": MESSAGES, "response_format": {"type": "xml"}}, InvalidValue, "response_format"),
+        (
+            {"messages": MESSAGES, "response_format": {"type": "xml"}},
+            InvalidValue,
+            "response_format",
+        ),
         ({"messages": MESSAGES, "tools": [{"type": "function"}]}, InvalidValue, "tools"),
         ({"messages": MESSAGES, "max_tokens": 0}, InvalidValue, "max_tokens"),
     ],

@@ -246,9 +246,12 @@ async def test_client_disconnect_mid_stream_stays_pending(
 
 
 async def test_upstream_reset_mid_stream(faulty: Any, tmp_path: Path) -> None:
-    gw = faulty({"x-fake-fault": "reset_mid_stream", "x-fake-after-chunks": "3"})
+    # paced chunks: the reset lands after the first event reached the client
+    faults = "reset_mid_stream=3,slow_chunks=30"
+    gw = faulty({"x-fake-fault": faults})
     r = await post(gw, {**BODY, "n": 2, "stream": True})
-    assert '"error"' in r.text and "[DONE]" not in r.text
+    assert r.text.startswith("data: ") and "[DONE]" not in r.text
+    assert r.text.rstrip().splitlines()[-1].startswith('data: {"error"')
     (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
     assert (event.state, event.reconciliation_reason) == ("pending", "stream_cut")
     assert [h.state for h in await holds(tmp_path)] == ["kept"]

@@ -185,7 +185,7 @@ class TextChoice(msgspec.Struct):
     finish_reason: str | None
 
 
-class TextCompletion(msgspec.Struct, omit_defaults=True):
+class TextCompletion(msgspec.Struct):
     id: str
     choices: list[TextChoice]
     created: int

@@ -23,9 +23,8 @@ OpenAI's own convention:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection
 from functools import cache
-from itertools import chain
 from types import EllipsisType
 from typing import Any, NamedTuple, TypeVar
 
@@ -87,7 +86,7 @@ def parse_chat_request(
     fields = _known_fields(body, CHAT_FIELDS, extra_fields)
     request = _convert(fields, ChatCompletionRequest)
     _check_chat_rules(request)
-    _check_depth(raw, chain(_free_form(request), _extras(body, fields)))
+    _check_depth(raw, _free_form(request) + _extras(body, fields))
     return body, request
 
 
@@ -160,7 +159,11 @@ def _check_chat_rules(request: ChatCompletionRequest) -> None:
             param="audio",
         )
     for index, message in enumerate(request.messages):
-        if type(message) is ChatCompletionRequestAssistantMessage and not _has_content(message):
+        if (
+            type(message) is ChatCompletionRequestAssistantMessage
+            and (message.content is None or message.content is UNSET)
+            and not _has_other_content(message)
+        ):
             raise MissingParameter(
                 f"Missing required parameter: 'messages.[{index}].content' (an assistant "
                 "message needs content unless it has tool_calls, function_call, refusal or "
@@ -201,37 +204,33 @@ def _check_stream_options(stream_options: object, stream: object) -> None:
         )
 
 
-def _free_form(request: ChatCompletionRequest) -> Iterator[Any]:
+def _free_form(request: ChatCompletionRequest) -> list[Any]:
     """The request's free-form JSON (typed as ``Any``), the only parts of unbounded depth."""
-    for tool in request.tools or ():
-        if isinstance(tool, ChatCompletionTool):
-            yield tool.function.parameters
-    for function in request.functions or ():
-        yield function.parameters
-    if isinstance(request.response_format, ResponseFormatJsonSchema):
-        yield request.response_format.json_schema.schema
-    if isinstance(request.tool_choice, ChatCompletionAllowedToolsChoice):
-        yield request.tool_choice.allowed_tools.tools
+    values: list[Any] = []
+    if request.tools:
+        values.extend(t.function.parameters for t in request.tools if type(t) is ChatCompletionTool)
+    if request.functions:
+        values.extend(function.parameters for function in request.functions)
+    if type(request.response_format) is ResponseFormatJsonSchema:
+        values.append(request.response_format.json_schema.schema)
+    if type(request.tool_choice) is ChatCompletionAllowedToolsChoice:
+        values.append(request.tool_choice.allowed_tools.tools)
+    return values
 
 
-def _extras(body: dict[str, Any], fields: dict[str, Any]) -> Iterator[Any]:
+def _extras(body: dict[str, Any], fields: dict[str, Any]) -> list[Any]:
     """The allow-listed extra fields' values (forwarded as they are, so of unbounded depth)."""
-    if body is not fields:
-        yield from (value for key, value in body.items() if key not in fields)
+    return [value for key, value in body.items() if key not in fields] if body is not fields else []
 
 
-def _check_depth(raw: bytes, values: Iterable[Any]) -> None:
+def _check_depth(raw: bytes, values: list[Any]) -> None:
     """Reject containers nested beyond ``MAX_DEPTH`` in free-form values.
 
     The typed parts of a request are shallow by construction, so only free-form values
     are walked, and only when the body has enough brackets to be that deep at all.
     """
-    containers = [value for value in values if type(value) in _CONTAINERS]
-    if (
-        containers
-        and raw.count(b"{") + raw.count(b"[") > MAX_DEPTH
-        and any(_too_deep(value) for value in containers)
-    ):
+    containers = [value for value in values if type(value) in _CONTAINERS] if values else values
+    if containers and raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _too_deep(containers):
         raise InvalidJSON(
             f"The JSON body of your request is nested more than {MAX_DEPTH} levels deep."
         )
@@ -240,9 +239,9 @@ def _check_depth(raw: bytes, values: Iterable[Any]) -> None:
 _CONTAINERS = (dict, list)
 
 
-def _too_deep(root: dict[str, Any] | list[Any]) -> bool:
-    """Breadth-first, one level at a time: iterative, so it cannot exhaust the stack."""
-    level: list[Any] = [root]
+def _too_deep(level: list[Any]) -> bool:
+    """Whether these containers nest beyond ``MAX_DEPTH``, walked one level at a time
+    (iteratively, so the walk itself cannot exhaust the stack)."""
     for _ in range(MAX_DEPTH):
         level = [
             child
@@ -259,10 +258,9 @@ def _given(value: object) -> bool:
     return value is not UNSET and value is not None
 
 
-def _has_content(message: ChatCompletionRequestAssistantMessage) -> bool:
+def _has_other_content(message: ChatCompletionRequestAssistantMessage) -> bool:
     return (
-        _given(message.content)
-        or bool(message.tool_calls)
+        bool(message.tool_calls)
         or _given(message.function_call)
         or _given(message.refusal)
         or _given(message.audio)

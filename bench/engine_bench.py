@@ -1,0 +1,170 @@
+"""Benchmark of the local engine: one n=8 request vs eight n=1 requests.
+
+Same prompt (≥ 400 tokens), 64 new tokens per choice, temperature 1:
+
+- ncap engine: one n=1 request; one n=8 request; 8 sequential n=1; 8 concurrent n=1;
+- llama-cpp-python's ``Llama.create_chat_completion`` called 8 times (same GGUF, threads,
+  n_ctx), with its state reset before each call (8 independent requests) and without
+  (its own prefix reuse).
+
+Prints a markdown table: wall time, prompt tokens evaluated, generated tokens, generated
+tokens/s, and the two targets (n=8 ≤ 2.5× one n=1; n=8 ≥ 3× faster than 8 sequential).
+
+    .venv/bin/python bench/engine_bench.py [--quick] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ncap.engine import Completion, Engine, EngineSettings, GenerationParams
+from ncap.engine.library import default_model_path
+
+PASSAGE = (
+    "The harbour town wakes before dawn. Fishing boats slip their moorings one by one, "
+    "their engines coughing in the cold air, while gulls circle the market hall where "
+    "the first crates of ice are already stacked. By seven the bakers have opened, the "
+    "ferry to the islands has sounded its horn twice, and the school bus is waiting at "
+    "the square with its doors open and its heater running. "
+)
+
+
+@dataclass
+class Row:
+    name: str
+    wall: float
+    prompt_evaluated: int
+    generated: int
+
+    @property
+    def rate(self) -> float:
+        return self.generated / self.wall if self.wall else 0.0
+
+
+def messages(repeats: int) -> list[dict[str, str]]:
+    text = PASSAGE * repeats + "\nSummarise the passage above in a short paragraph."
+    return [{"role": "user", "content": text}]
+
+
+async def timed(engine: Engine, name: str, work: Callable[[], Awaitable[list[Completion]]]) -> Row:
+    before = engine.stats()
+    start = time.perf_counter()
+    done = await work()
+    wall = time.perf_counter() - start
+    after = engine.stats()
+    return Row(
+        name,
+        wall,
+        after.prompt_tokens_evaluated - before.prompt_tokens_evaluated,
+        sum(d.completion_tokens for d in done),
+    )
+
+
+async def engine_rows(engine: Engine, msgs: list[dict[str, str]], tokens: int) -> list[Row]:
+    def params(n: int, seed: int) -> GenerationParams:
+        return GenerationParams(messages=tuple(msgs), n=n, max_tokens=tokens, seed=seed)
+
+    async def one(n: int) -> list[Completion]:
+        return [await engine.run(params(n, 1))]
+
+    async def sequential() -> list[Completion]:
+        return [await engine.run(params(1, 1 + i)) for i in range(8)]
+
+    async def concurrent() -> list[Completion]:
+        return list(await asyncio.gather(*(engine.run(params(1, 1 + i)) for i in range(8))))
+
+    await engine.run(params(1, 0))  # warm-up (page in the weights)
+    return [
+        await timed(engine, "ncap engine, one n=1 request", lambda: one(1)),
+        await timed(engine, "ncap engine, one n=8 request", lambda: one(8)),
+        await timed(engine, "ncap engine, 8 sequential n=1 requests", sequential),
+        await timed(engine, "ncap engine, 8 concurrent n=1 requests", concurrent),
+    ]
+
+
+def llama_rows(msgs: list[dict[str, str]], tokens: int, threads: int, n_ctx: int) -> list[Row]:
+    """llama-cpp-python's high-level API, 8 calls (it has no working ``n``)."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(default_model_path()), n_ctx=n_ctx, n_threads=threads, verbose=False)
+    evaluated: list[int] = []
+    real_eval = llm.eval
+
+    def counting_eval(batch: Any) -> None:
+        evaluated.append(len(batch))
+        real_eval(batch)
+
+    llm.eval = counting_eval  # type: ignore[method-assign]
+    rows = []
+    for reset, name in ((True, "reset before each call"), (False, "its prefix reuse on")):
+        llm.create_chat_completion(messages=msgs, max_tokens=1, temperature=1.0, seed=0)
+        evaluated.clear()
+        start = time.perf_counter()
+        generated = 0
+        for i in range(8):
+            if reset:
+                llm.reset()
+            out: Any = llm.create_chat_completion(
+                messages=msgs, max_tokens=tokens, temperature=1.0, seed=1 + i
+            )
+            generated += out["usage"]["completion_tokens"]
+        wall = time.perf_counter() - start
+        prompt_evaluated = sum(evaluated) - generated + 8  # the last token is never fed back
+        rows.append(
+            Row(
+                f"llama-cpp-python create_chat_completion × 8 ({name})",
+                wall,
+                max(prompt_evaluated, 0),
+                generated,
+            )
+        )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| scenario | wall (s) | prompt tokens evaluated | generated tokens | generated tok/s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r.name} | {r.wall:.2f} | {r.prompt_evaluated} | {r.generated} | {r.rate:.1f} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="16 new tokens instead of 64")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--skip-llama", action="store_true", help="skip the llama-cpp-python rows")
+    args = ap.parse_args()
+    tokens = 16 if args.quick else 64
+    settings = EngineSettings(n_ctx=args.n_ctx, max_sequences=16, threads=args.threads)
+    engine = await asyncio.to_thread(Engine.load, settings)
+    try:
+        msgs = messages(6)
+        prompt = len(engine.prompt_tokens(GenerationParams(messages=tuple(msgs))))
+        rows = await engine_rows(engine, msgs, tokens)
+    finally:
+        engine.close()
+    if not args.skip_llama:
+        rows += llama_rows(msgs, tokens, args.threads, args.n_ctx)
+    print(
+        f"prompt: {prompt} tokens; {tokens} new tokens per choice; temperature 1; "
+        f"{args.threads} threads\n"
+    )
+    print(table(rows))
+    one, eight, seq = rows[0], rows[1], rows[2]
+    print(f"\nn=8 wall / n=1 wall = {eight.wall / one.wall:.2f} (target ≤ 2.5)")
+    print(f"8 sequential wall / n=8 wall = {seq.wall / eight.wall:.2f} (target ≥ 3)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
