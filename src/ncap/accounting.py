@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ncap.config import Config, Pricing
+from ncap import __version__
+from ncap.config import Config, Fingerprint, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
 from ncap.domain.events import LEDGER_COLUMNS, AttemptOutcome, LedgerEvent, settle
@@ -213,9 +214,15 @@ class Accounting:
         """The primary must accept n (else the request is denied); fallbacks that do
         not approve the same count are dropped for this request."""
         primary = chain[0]
-        check_route(primary.route.contract, primary.id, n, now=now)
+        check_route(
+            primary.route.contract, primary.id, n, now=now, expected_fingerprint=_print(primary)
+        )
         fallbacks = [
-            rt for rt in chain[1:] if fallback_allowed(rt.route.contract, rt.id, n, now=now)
+            rt
+            for rt in chain[1:]
+            if fallback_allowed(
+                rt.route.contract, rt.id, n, now=now, expected_fingerprint=_print(rt)
+            )
         ]
         return [primary, *fallbacks]
 
@@ -398,6 +405,15 @@ class Accounting:
             state=state,
             gateway_instance=self.instance,
         )
+
+
+def _print(rt: RouteRuntime) -> Fingerprint:
+    """What a contract record must have been verified for to still hold."""
+    return Fingerprint(
+        provider=rt.route.provider,
+        upstream_model=rt.route.upstream_model,
+        gateway_version=__version__,
+    )
 
 
 def _failure_outcome(failure: AttemptFailed) -> AttemptOutcome:

@@ -142,6 +142,30 @@ async def test_route_without_contract_refuses_n_above_one(
     assert fake[1].stats()["requests"] == 1
 
 
+@pytest.mark.parametrize(
+    "contract",
+    [
+        {"verified_at": "2026-01-01T00:00:00Z", "max_age": "30d"},  # too old
+        {"max_age": "30d"},  # never verified
+        {"fingerprint": {"upstream_model": "another-model"}},  # verified for something else
+    ],
+)
+async def test_stale_contract_refuses_n_above_one(
+    fake: tuple[str, FakeState], tmp_path: Path, contract: dict[str, Any]
+) -> None:
+    cfg = gateway_config(fake[0], tmp_path, routes={"fake": {"contract": contract}})
+    fake[1].reset()
+    with gateway(cfg) as gw:
+        stale = await post(gw, {**BODY, "n": 2})
+        single = await post(gw, BODY)
+    assert (stale.status_code, stale.json()["error"]["code"]) == (400, "route_contract_stale")
+    assert single.status_code == 200
+    assert fake[1].stats()["requests"] == 1
+    assert [e.policy_reason for e in await rows(tmp_path)] == ["route_contract_stale"] + [
+        "within_default"
+    ]
+
+
 async def test_omitted_n_is_recorded_as_null(
     gw: ServerThread, fake_state: FakeState, tmp_path: Path
 ) -> None:

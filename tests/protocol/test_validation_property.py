@@ -9,10 +9,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_validation_table import VALID_BODIES
 
 from ncap.errors import NcapError
 from ncap.protocol.validate import CHAT_FIELDS, parse_chat_request, parse_completion_request
+from tests.protocol.test_validation_table import VALID_BODIES
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,14 +8,11 @@ Responses: bodies encoded from ``ncap.protocol.responses`` match the reference.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import msgspec
 import pytest
-from test_validation_table import INVALID, VALID_BODIES, VALID_COMPLETIONS
 
 from ncap.errors import InvalidJSON, UnknownParameter
 from ncap.protocol.responses import (
@@ -35,9 +32,8 @@ from ncap.protocol.responses import (
     TopLogprob,
     Usage,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tests/wire.py
-from wire import (
+from tests.protocol.test_validation_table import INVALID, VALID_BODIES, VALID_COMPLETIONS
+from tests.wire import (
     BUNDLE,
     validate_chunk,
     validate_completion_request,
