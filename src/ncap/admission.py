@@ -1,12 +1,19 @@
-"""Gateway-wide admission control, checked before a body is even parsed.
+"""Gateway-wide admission control, checked before a body is even read.
 
-Two cheap gates: an in-flight ceiling (past it, 503 ``server_is_overloaded``) and a
-ramp limiter, a token bucket refilled at ``requests_per_second`` up to ``burst`` (a
-request rate rising faster than that gets 429 ``slow_down``, as OpenAI's own API does).
+Two cheap gates:
+
+- an in-flight ceiling: past ``max_in_flight``, 503 ``server_is_overloaded``;
+- a ramp limiter: the number of requests admitted in one second may exceed the
+  previous second's by at most ``ramp.requests_per_second``, with ``ramp.burst`` as
+  the allowance from idle. Steady traffic of any size passes; traffic that *grows*
+  faster than the ramp gets 429 ``slow_down``, as OpenAI's own API answers
+  ("Your request rate increased too quickly"). It is a ramp, not a rate cap: capping
+  the rate is the budget windows' job (``requests_per_minute``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -25,11 +32,12 @@ class Admission:
     ) -> None:
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self._rate = ramp.requests_per_second
-        self._burst = float(ramp.burst)
-        self._tokens = float(ramp.burst)
+        self._growth = ramp.requests_per_second
+        self._burst = ramp.burst
         self._clock = clock
-        self._last = clock()
+        self._second = math.floor(clock())
+        self._current = 0
+        self._previous = 0
 
     def enter(self) -> None:
         """Admit one request or raise; every successful ``enter`` needs one ``leave``."""
@@ -39,17 +47,22 @@ class Admission:
                 retry_after=1,
             )
         now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
-        self._last = now
-        if self._tokens < 1.0:
-            wait = (1.0 - self._tokens) / self._rate
+        self._roll(math.floor(now))
+        if self._current >= max(self._burst, self._previous + self._growth):
             raise SlowDown(
                 "Your request rate increased too quickly. Please reduce the request rate "
                 "and gradually increase it again.",
-                retry_after=max(wait, 0.001),
+                retry_after=max(self._second + 1 - now, 0.001),
             )
-        self._tokens -= 1.0
+        self._current += 1
         self.in_flight += 1
+
+    def _roll(self, second: int) -> None:
+        if second == self._second:
+            return
+        self._previous = self._current if second == self._second + 1 else 0
+        self._current = 0
+        self._second = second
 
     def leave(self) -> None:
         self.in_flight -= 1

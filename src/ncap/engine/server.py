@@ -112,10 +112,13 @@ async def _sse(request: web.Request, chunks: AsyncIterator[msgspec.Struct]) -> w
             await response.write(sse(first))
         async for chunk in chunks:
             await response.write(sse(chunk))
+        await response.write(sse(b"[DONE]"))
+        await response.write_eof()
     except NcapError as exc:
         await response.write(sse(_encode(exc.envelope())))
-    await response.write(sse(b"[DONE]"))
-    await response.write_eof()
+        await response.write(sse(b"[DONE]"))
+    except ConnectionResetError:
+        pass  # the client left: leaving the engine's context cancels the request
     return response
 
 

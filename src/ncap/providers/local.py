@@ -21,6 +21,7 @@ from ncap.engine import (
     ChatChunks,
     Engine,
     EngineSettings,
+    EngineStats,
     RequestStream,
     chat_chunk_stream,
     chat_completion,
@@ -65,6 +66,10 @@ class LocalProvider:
                 if self._engine is None:
                     self._engine = await asyncio.to_thread(Engine.load, self._settings)
         return self._engine
+
+    def stats(self) -> EngineStats | None:
+        """The engine's counters for metrics; None until the model is loaded."""
+        return self._engine.stats() if self._engine is not None else None
 
     async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
         engine = await self.engine()

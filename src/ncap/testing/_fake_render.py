@@ -17,8 +17,10 @@ from msgspec import UNSET, UnsetType
 from ncap.testing._fake_content import ChoiceText
 
 __all__ = [
+    "SERIAL_MARK",
     "Events",
     "Generation",
+    "Template",
     "UsageMode",
     "chat_body",
     "chat_events",
@@ -28,6 +30,7 @@ __all__ = [
 
 UsageMode = Literal["separate", "with_choices", "none"]
 _FINGERPRINT = "fp_ncapfake"
+SERIAL_MARK = "@@serial@@"  # stands for the id's serial in a Template
 _DONE = b"data: [DONE]\n\n"
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -137,6 +140,28 @@ class Events(msgspec.Struct, frozen=True):
     data: list[bytes]
     first_content: int
     first_finish: int
+
+
+class Template(msgspec.Struct, frozen=True):
+    """A rendered answer with its id serial and ``created`` left open, so that a repeated
+    request costs one join instead of a generation and an encode."""
+
+    head: bytes
+    middle: bytes
+    tail: bytes
+
+    @classmethod
+    def split(cls, body: bytes) -> Template:
+        """``body`` was rendered with ``SERIAL_MARK`` in its id and ``created`` 0; both
+        precede every user-supplied string, so the first matches are the fields."""
+        head, mark, rest = body.partition(SERIAL_MARK.encode())
+        middle, created, tail = rest.partition(b'"created":0,')
+        if not (mark and created):
+            raise ValueError("body was not rendered for a template")
+        return cls(head, middle + b'"created":', b"," + tail)
+
+    def render(self, serial: int, created: int) -> bytes:
+        return b"%b%d%b%d%b" % (self.head, serial, self.middle, created, self.tail)
 
 
 def chat_body(gen: Generation, *, with_usage: bool) -> bytes:
