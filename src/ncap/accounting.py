@@ -350,8 +350,9 @@ class Accounting:
             **fields,
         )
         plan.rows[number] = row
-        await self.ledger.update(row.request_id, row.attempt, **_changed(row))
+        # the hold first: once the row shows its final state, the budget does too
         await self._settle_hold(plan, row, outcome, settlement.holds_reservation)
+        await self.ledger.update(row.request_id, row.attempt, **_changed(row))
         self._observe(rt, row, outcome, started)
 
     async def _settle_hold(

@@ -59,6 +59,11 @@ class Metrics:
         self.pending_reconciliation = Gauge(
             "ncap_pending_reconciliation", "Ledger events awaiting reconciliation", registry=r
         )
+        self.bookkeeping_failures = Counter(
+            "ncap_bookkeeping_failures",
+            "Ledger/budget updates that failed after the answer was sent",
+            registry=r,
+        )
         self.engine_queue_depth = Gauge(
             "ncap_engine_queue_depth", "Requests waiting in the local engine's queue", registry=r
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -59,6 +59,8 @@ class Reply:
     headers: dict[str, str]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
+    # bookkeeping the http layer awaits once the body is written
+    after: Coroutine[Any, Any, None] | None = None
 
 
 @dataclass(slots=True)
@@ -154,7 +156,7 @@ class Gateway:
     # -- non-streaming ---------------------------------------------------------------
 
     async def _complete(self, plan: Plan, body: dict[str, Any]) -> Reply:
-        async def attempt(rt: RouteRuntime, number: int) -> UpstreamResult:
+        async def attempt(rt: RouteRuntime, number: int) -> tuple[UpstreamResult, float]:
             started = time.monotonic()
             try:
                 result = await rt.provider.complete(
@@ -163,16 +165,17 @@ class Gateway:
             except AttemptFailed as exc:
                 await self.accounting.attempt_failed(plan, number, rt, exc, started)
                 raise
-            await self.accounting.attempt_answered(
-                plan, number, rt, _outcome_of(result.summary, result.provider_request_id), started
-            )
-            return result
+            return result, started
 
-        rt, result = await self._attempts(plan, attempt)
+        rt, (result, started) = await self._attempts(plan, attempt)
+        report = _outcome_of(result.summary, result.provider_request_id)
         headers = plan.headers(rt.id)
         headers["x-ncap-candidates-returned"] = str(len(result.summary.choices))
         headers["content-type"] = "application/json"
-        return Reply(200, headers, result.body)
+        # settled while the answer is on its way: the attempt's reserved row is already
+        # durable, so a crash in between leaves it for recovery (gateway_lost)
+        settle = self.accounting.attempt_answered(plan, plan.attempts, rt, report, started)
+        return Reply(200, headers, result.body, after=settle)
 
     # -- streaming -------------------------------------------------------------------
 

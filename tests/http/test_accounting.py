@@ -44,13 +44,24 @@ async def holds(tmp: Path) -> list[Hold]:
 
 
 async def settled_rows(tmp: Path, request_id: str, count: int = 1) -> list[LedgerEvent]:
-    """A streamed attempt settles just after its last byte: wait for its final state."""
+    """An answered attempt settles beside (non-streamed) or just after (streamed) its
+    last byte, its reserved row being durable already: wait for the final state."""
     deadline = time.monotonic() + 5
     while True:
         found = await rows(tmp, request_id)
         if len(found) >= count and all(r.state != "reserved" for r in found):
             return found
         assert time.monotonic() < deadline, found
+        await asyncio.sleep(0.05)
+
+
+async def final_rows(tmp: Path) -> list[LedgerEvent]:
+    deadline = time.monotonic() + 10
+    while True:
+        found = await rows(tmp)
+        if all(e.state != "reserved" for e in found):
+            return found
+        assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
 
 
@@ -170,7 +181,7 @@ async def test_omitted_n_is_recorded_as_null(
 ) -> None:
     r = await post(gw, BODY)
     assert r.headers["x-ncap-candidates-requested"] == "omitted"
-    (event,) = await rows(tmp_path, r.headers["x-request-id"])
+    (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
     assert event.requested_candidate_count is None
     assert event.effective_candidate_count == 1
     assert event.returned_candidate_count == 1
@@ -184,7 +195,7 @@ async def test_omitted_n_is_recorded_as_null(
 
 async def test_settled_row_replaces_reservation(gw: ServerThread, tmp_path: Path) -> None:
     r = await post(gw, {**BODY, "n": 3, "max_completion_tokens": 50})
-    (event,) = await rows(tmp_path, r.headers["x-request-id"])
+    (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
     assert event.state == "settled"
     assert event.reserved_output_tokens == 3 * 50
     assert event.reserved_input_tokens == estimate_input_tokens(MESSAGES)
@@ -219,7 +230,7 @@ async def test_non_stream_mismatch_is_flagged_and_held(
     r = await post(gw, {**BODY, "n": 2})
     assert r.status_code == 200
     assert r.headers["x-ncap-candidates-returned"] == str(returned)
-    (event,) = await rows(tmp_path, r.headers["x-request-id"])
+    (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
     assert event.state == "usage_reconciliation_required"
     assert event.reconciliation_reason == reason
     assert event.returned_candidate_count == returned
@@ -284,7 +295,7 @@ async def test_429_then_success_writes_two_attempts(faulty: Any, tmp_path: Path)
     gw = faulty(_fail_once("rate_limit=0"))
     r = await post(gw, BODY)
     assert r.status_code == 200
-    first, second = await rows(tmp_path, r.headers["x-request-id"])
+    first, second = await settled_rows(tmp_path, r.headers["x-request-id"], 2)
     assert (first.attempt, first.state, first.cost_micros) == (1, "settled", 0)
     assert first.returned_candidate_count == 0
     assert (second.attempt, second.state) == (2, "settled")
@@ -296,7 +307,7 @@ async def test_timeout_then_success_keeps_first_attempt_open(faulty: Any, tmp_pa
     gw = faulty(_fail_once("timeout"), route={"timeout_s": 0.3})
     r = await post(gw, BODY)
     assert r.status_code == 200
-    first, second = await rows(tmp_path, r.headers["x-request-id"])
+    first, second = await settled_rows(tmp_path, r.headers["x-request-id"], 2)
     assert (first.state, first.reconciliation_reason) == (
         "usage_reconciliation_required",
         "timeout",
@@ -327,7 +338,7 @@ async def test_fallback_after_503(fake: tuple[str, FakeState], tmp_path: Path) -
         r = await post(gw, {**BODY, "n": 2})
     assert r.status_code == 200
     assert r.headers["x-ncap-route"] == "fake"
-    events = await rows(tmp_path, r.headers["x-request-id"])
+    events = await settled_rows(tmp_path, r.headers["x-request-id"], 3)
     assert [(e.attempt, e.route_id, e.state) for e in events] == [
         (1, "primary", "settled"),
         (2, "primary", "settled"),
@@ -394,7 +405,7 @@ async def test_200_concurrent_requests_against_50_reservations(
         "budget_exhausted"
     }
     assert fake[1].stats()["requests"] == 50
-    events = await rows(tmp_path)
+    events = await final_rows(tmp_path)
     settled = [e for e in events if e.state == "settled"]
     assert len(settled) == 50
     assert len([e for e in events if e.state == "denied"]) == 150

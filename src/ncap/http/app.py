@@ -7,13 +7,14 @@ else into a generic 500 envelope (logged without request content), never a trace
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -40,6 +41,33 @@ CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
 REQUEST_ID = web.RequestKey("request_id", str)
+
+
+class Background:
+    """Tasks that outlive their request (settlement after the answer): referenced until
+    done, failures logged and counted, drained before the stores close."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._metrics = metrics
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._metrics.bookkeeping_failures.inc()
+            log.error("settlement failed: %s", type(task.exception()).__name__)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+BACKGROUND = web.AppKey("background", Background)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -125,7 +153,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 async def _write(request: web.Request, reply: Reply, request_id: str) -> web.StreamResponse:
     reply.headers["x-request-id"] = request_id
     if reply.stream is None:
-        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+        return await _write_body(request, reply)
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
     stream = reply.stream
     try:
@@ -137,6 +165,14 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     return response
+
+
+async def _write_body(request: web.Request, reply: Reply) -> web.StreamResponse:
+    """The bookkeeping runs beside the answer, so a keep-alive connection's next request
+    does not wait for it; the app tracks it and drains it on shutdown."""
+    if reply.after is not None:
+        request.app[BACKGROUND].spawn(reply.after)
+    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -204,6 +240,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting)
+    background = app[BACKGROUND] = Background(metrics_)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
@@ -213,6 +250,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     async def lifecycle(app: web.Application) -> Any:
         await accounting.start()
         yield
+        await background.drain()
         for rt in routes.values():
             await rt.provider.aclose()
         await accounting.close()
