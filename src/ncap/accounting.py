@@ -31,7 +31,7 @@ from ncap.domain.events import LEDGER_COLUMNS, AttemptOutcome, LedgerEvent, sett
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, estimate_input_tokens, reservation_for
-from ncap.errors import NcapError, PolicyDenied, RateLimited
+from ncap.errors import NcapError, PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
@@ -217,12 +217,14 @@ class Accounting:
         check_route(
             primary.route.contract, primary.id, n, now=now, expected_fingerprint=_print(primary)
         )
+        _refuse_emulation(primary, n)
         fallbacks = [
             rt
             for rt in chain[1:]
             if fallback_allowed(
                 rt.route.contract, rt.id, n, now=now, expected_fingerprint=_print(rt)
             )
+            and candidates_mode(rt.route.contract, n) == "native"
         ]
         return [primary, *fallbacks]
 
@@ -405,6 +407,17 @@ class Accounting:
             policy_reason=d.policy_reason,
             state=state,
             gateway_instance=self.instance,
+        )
+
+
+def _refuse_emulation(rt: RouteRuntime, n: int) -> None:
+    """Fan-out emulation is not built yet: fail closed rather than send n to an upstream
+    whose contract says it does not honour it."""
+    if candidates_mode(rt.route.contract, n) == "emulate":
+        raise RouteDoesNotSupportCandidates(
+            f"Route '{rt.id}' serves n > 1 only by fan-out emulation, which this gateway "
+            "build does not provide yet. Send n=1.",
+            param="n",
         )
 
 

@@ -153,6 +153,21 @@ async def test_route_without_contract_refuses_n_above_one(
     assert fake[1].stats()["requests"] == 1
 
 
+async def test_emulate_route_fails_closed_for_n_above_one(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    cfg = gateway_config(
+        fake[0], tmp_path, routes={"fake": {"contract": {"candidates": "emulate"}}}
+    )
+    fake[1].reset()
+    with gateway(cfg) as gw:
+        multi = await post(gw, {**BODY, "n": 2})
+        single = await post(gw, BODY)
+    assert multi.json()["error"]["code"] == "route_does_not_support_candidates"
+    assert single.status_code == 200
+    assert fake[1].stats()["requests"] == 1
+
+
 @pytest.mark.parametrize(
     "contract",
     [
