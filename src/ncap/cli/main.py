@@ -39,7 +39,7 @@ def _config(path: Path | None) -> Config:
         return load_config(path)
     except ConfigError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem}", highlight=False)
+            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -155,7 +155,7 @@ def main() -> None:
         app()
     except ConfigError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem}", highlight=False)
+            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

@@ -165,7 +165,7 @@ class Scheduler:
         self._model = model
         self._lib = model.lib
         self.settings = settings
-        self._n_batch = settings.prefill_chunk + settings.max_sequences
+        self._n_batch = max(512, settings.prefill_chunk) + settings.max_sequences
         self._ctx = model.new_context(
             ContextSettings(settings.n_ctx, settings.max_sequences, self._n_batch, settings.threads)
         )
@@ -298,7 +298,10 @@ class Scheduler:
 
     def _add_prefill_chunks(self, batch: _Batch) -> list[tuple[Job, int]]:
         """Add prompt chunks within the step's budget; returns jobs whose prompt ended."""
-        budget = min(self.settings.prefill_chunk, batch.capacity - batch.size)
+        # alone, a prompt goes in whole batches; beside decoding sequences, in small
+        # chunks, so that their next tokens are not held up for long
+        room = batch.capacity - batch.size
+        budget = room if batch.size == 0 else min(self.settings.prefill_chunk, room)
         finished: list[tuple[Job, int]] = []
         for job in self._running:
             if job.prefill_done or budget <= 0:
