@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -228,14 +229,35 @@ def run_loadgen(
     return result
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent not idle (all cores, since boot)."""
+    vals = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / CLK_TCK
+
+
+def _children_cpu_s() -> float:
+    """CPU of this process's finished children (the load generator runs)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 @contextlib.contextmanager
-def measured(pid: int) -> Iterator[dict[str, float]]:
-    """Record the tree's CPU seconds and wall time spent inside the block."""
+def measured(pid: int, others: Sequence[int] = ()) -> Iterator[dict[str, float]]:
+    """CPU of the ``pid`` tree, wall time, and the share of the machine that went to
+    *foreign* processes (not ``pid``, ``others`` or the load generator) meanwhile:
+    the noise indicator for a shared machine."""
+    pids = list(dict.fromkeys([pid, *others]))
     stats: dict[str, float] = {}
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    cpu0 = {p: cpu_seconds(p) for p in pids}
+    busy0, kids0, t0 = machine_busy_s(), _children_cpu_s(), time.monotonic()
     yield stats
-    stats["cpu_s"] = cpu_seconds(pid) - cpu0
-    stats["wall_s"] = time.monotonic() - t0
+    wall = time.monotonic() - t0
+    used = {p: cpu_seconds(p) - cpu0[p] for p in pids}
+    ours = sum(used.values()) + _children_cpu_s() - kids0
+    foreign = max(0.0, machine_busy_s() - busy0 - ours)
+    stats.update(
+        cpu_s=used[pid], wall_s=wall, foreign_share=foreign / (wall * (os.cpu_count() or 1))
+    )
 
 
 def upstream_argv(port: int, module: str | None = None) -> list[str]:

@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -206,16 +207,14 @@ def _wait_target(target: Target) -> None:
     raise RuntimeError(f"no 200 within 120 s: {last}\n{target.server.tail()}")
 
 
-def measure(run: Run, target: Target) -> None:
-    """Warm the target up once, then measure it at every concurrency."""
+def measure(run: Run, target: Target, c: int) -> dict[str, Any]:
+    """One point: warm-up plus measurement at concurrency ``c``."""
     args = run.args
-    _loadgen(target, args, 4, min(2.0, args.warmup * 2), 0.0)
-    for c in args.concurrency:
-        with bl.measured(target.server.pid) as cpu:
-            res = _loadgen(target, args, c, args.duration, args.warmup)
-        row = _row(target, c, res, cpu, args)
-        run.rows.append(row)
-        print(_progress(row), file=sys.stderr, flush=True)
+    with bl.measured(target.server.pid, [run.upstream.pid]) as cpu:
+        res = _loadgen(target, args, c, args.duration, args.warmup)
+    row = _row(target, c, res, cpu, args)
+    print(_progress(row), file=sys.stderr, flush=True)
+    return row
 
 
 def _loadgen(
@@ -254,6 +253,7 @@ def _row(
         "rss_mib": bl.rss_mib(target.server.pid),
         "cpu_ms_per_req": round(cpu_ms, 3) if cpu_ms is not None else None,
         "cpu_util": round(cpu["cpu_s"] / cpu["wall_s"], 2) if cpu["wall_s"] else None,
+        "foreign_cpu_share": round(cpu["foreign_share"], 3),
         "loadavg_after": bl.loadavg(),
     }
 
@@ -262,7 +262,8 @@ def _progress(row: dict[str, Any]) -> str:
     return (
         f"  {row['target']:<12} c={row['concurrency']:<3} {row['throughput_rps']:>8} req/s "
         f"p50={row['p50_ms']} ms p99={row['p99_ms']} ms errors={row['errors']} "
-        f"rss={row['rss_mib']} MiB cpu/req={row['cpu_ms_per_req']} ms"
+        f"rss={row['rss_mib']} MiB cpu/req={row['cpu_ms_per_req']} ms "
+        f"foreign={row['foreign_cpu_share']:.0%}"
     )
 
 
@@ -296,9 +297,9 @@ def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, An
 
 def markdown(rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[str, str]) -> str:
     headers = ["target", "c", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]
-    headers += ["errors", "RSS MiB", "CPU ms/req"]
+    headers += ["errors", "RSS MiB", "CPU ms/req", "foreign CPU"]
     keys = ["throughput_rps", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "errors"]
-    keys += ["rss_mib", "cpu_ms_per_req"]
+    keys += ["rss_mib", "cpu_ms_per_req", "foreign_cpu_share"]
     body = [[r["target"], r["concurrency"], *(_fmt(r[k]) for k in keys)] for r in rows]
     parts = [bl.md_table(headers, body)]
     if ratio:
@@ -324,8 +325,9 @@ def starters(run: Run) -> dict[str, Callable[[], Target | str]]:
     return out
 
 
-def bench_targets(run: Run) -> None:
-    start = starters(run)
+def start_targets(run: Run) -> list[Target]:
+    """Start every requested target up front (idle ones cost ~nothing) and warm each."""
+    start, targets = starters(run), []
     for name in run.args.targets:
         print(f"{name}: starting", file=sys.stderr, flush=True)
         target = start[name]()
@@ -333,11 +335,46 @@ def bench_targets(run: Run) -> None:
             run.skipped[name] = target
             print(f"{name}: SKIPPED ({target})", file=sys.stderr, flush=True)
             continue
-        try:
-            measure(run, target)
-        finally:
+        targets.append(target)
+        _loadgen(target, run.args, 4, 2.0, 0.0)
+    return targets
+
+
+def bench_targets(run: Run) -> None:
+    """Round-robin: every round visits every target at every concurrency, so a burst
+    of foreign load lands on one round of each rather than on one whole target."""
+    targets = start_targets(run)
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    try:
+        for r in range(run.args.rounds):
+            print(f"round {r + 1}/{run.args.rounds}", file=sys.stderr, flush=True)
+            for target in targets:
+                for c in run.args.concurrency:
+                    samples.setdefault((target.name, c), []).append(measure(run, target, c))
+    finally:
+        for target in targets:
             if target.server is not run.upstream:
                 bl.stop_server(target.server)
+    run.rows = [_median_row(points) for points in samples.values()]
+
+
+_MEDIAN_KEYS = ["throughput_rps", "p50_ms", "p90_ms", "p99_ms", "ttfb_p50_ms", "cpu_ms_per_req"]
+_MEDIAN_KEYS += ["cpu_util", "foreign_cpu_share"]
+
+
+def _median_row(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median of each measure over the rounds; errors summed, RSS the largest seen."""
+    row = dict(points[-1])
+    for key in _MEDIAN_KEYS:
+        vals = [p[key] for p in points if p[key] is not None]
+        row[key] = round(statistics.median(vals), 3) if vals else None
+    row["errors"] = sum(p["errors"] for p in points)
+    row["requests"] = sum(p["requests"] for p in points)
+    row["rss_mib"] = max(p["rss_mib"] for p in points)
+    row["throughput_each_round"] = [p["throughput_rps"] for p in points]
+    row["p50_each_round"] = [p["p50_ms"] for p in points]
+    row["foreign_each_round"] = [p["foreign_cpu_share"] for p in points]
+    return row
 
 
 def busy_fraction(seconds: float = 1.0) -> float:
@@ -358,6 +395,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--targets", default=DEFAULT_TARGETS, help=f"comma list of {TARGETS}")
     p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--rounds", type=int, default=3, help="round-robin passes; medians reported")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per point")
     p.add_argument("--stream", action="store_true", help="streaming requests")
@@ -408,6 +446,7 @@ def write_results(
         "concurrency": args.concurrency,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
+        "rounds": args.rounds,
         "stream": args.stream,
         "upstream": args.upstream_module or bl.fake_upstream_module(),
         "pin_upstream": args.pin_upstream or None,

@@ -63,8 +63,10 @@ def start_proxies(
     return out
 
 
-def one_point(server: bl.Server, url: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
-    with bl.measured(server.pid) as cpu:
+def one_point(
+    server: bl.Server, url: str, c: int, args: argparse.Namespace, upstream_pid: int
+) -> dict[str, Any]:
+    with bl.measured(server.pid, [upstream_pid]) as cpu:
         res = bl.run_loadgen(
             url, "fake-model", c, args.duration, args.warmup, cpus=args.pin_loadgen
         )
@@ -72,21 +74,23 @@ def one_point(server: bl.Server, url: str, c: int, args: argparse.Namespace) -> 
     loaded = args.duration + args.warmup
     res["cpu_ms_per_req"] = round(1000 * cpu["cpu_s"] / (rps * loaded), 3) if rps else None
     res["rss_mib"] = bl.rss_mib(server.pid)
+    res["foreign_cpu_share"] = round(cpu["foreign_share"], 3)
     return res
 
 
 def run_rounds(
-    targets: dict[str, tuple[bl.Server, str]], args: argparse.Namespace
+    targets: dict[str, tuple[bl.Server, str]], args: argparse.Namespace, upstream_pid: int
 ) -> dict[tuple[str, int], list[dict[str, Any]]]:
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in range(args.rounds):
         for kind, (server, url) in targets.items():
             for c in CONCURRENCY:
-                res = one_point(server, url, c, args)
+                res = one_point(server, url, c, args, upstream_pid)
                 samples.setdefault((kind, c), []).append(res)
                 print(
                     f"round {r + 1} {kind:<22} c={c:<3} {res['throughput_rps']:>8} req/s "
-                    f"p50={res['p50_ms']} ms cpu/req={res['cpu_ms_per_req']} ms",
+                    f"p50={res['p50_ms']} ms cpu/req={res['cpu_ms_per_req']} ms "
+                    f"foreign={res['foreign_cpu_share']:.0%}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -111,6 +115,7 @@ def summarise(samples: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict
                 "cpu_ms_per_req": _median([r["cpu_ms_per_req"] for r in runs]),
                 "rss_mib": max(r["rss_mib"] for r in runs),
                 "errors": sum(r["errors"] for r in runs),
+                "foreign_cpu_share": _median([r["foreign_cpu_share"] for r in runs]),
                 "throughput_each_round": [r["throughput_rps"] for r in runs],
             }
         )
@@ -119,9 +124,9 @@ def summarise(samples: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict
 
 def proxy_table(rows: list[dict[str, Any]]) -> str:
     headers = ["stack (server+client)", "c", "req/s", "p50 ms", "p99 ms", "CPU ms/req"]
-    headers += ["RSS MiB", "errors"]
+    headers += ["RSS MiB", "errors", "foreign CPU"]
     keys = ("stack", "concurrency", "throughput_rps", "p50_ms", "p99_ms", "cpu_ms_per_req")
-    body = [[r[k] for k in (*keys, "rss_mib", "errors")] for r in rows]
+    body = [[r[k] for k in (*keys, "rss_mib", "errors", "foreign_cpu_share")] for r in rows]
     return bl.md_table(headers, body)
 
 
@@ -154,7 +159,7 @@ def measure_proxies(args: argparse.Namespace, work: Path) -> list[dict[str, Any]
         bl.wait_ready(upstream, upstream_url, bl.chat_body("fake-model"), timeout_s=30)
         targets = {"direct (fake upstream)": (upstream, upstream_url)}
         targets.update(start_proxies(work, upstream_url, args))
-        return summarise(run_rounds(targets, args))
+        return summarise(run_rounds(targets, args, upstream.pid))
     finally:
         for server, _ in targets.values():
             bl.stop_server(server)
