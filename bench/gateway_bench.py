@@ -300,7 +300,7 @@ def markdown(rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[st
     headers += ["errors", "RSS MiB", "CPU ms/req", "foreign CPU"]
     keys = ["throughput_rps", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "errors"]
     keys += ["rss_mib", "cpu_ms_per_req", "foreign_cpu_share"]
-    body = [[r["target"], r["concurrency"], *(_fmt(r[k]) for k in keys)] for r in rows]
+    body = [[r["target"], r["concurrency"], *(_fmt(r[k], k) for k in keys)] for r in rows]
     parts = [bl.md_table(headers, body)]
     if ratio:
         rrows = [
@@ -312,8 +312,10 @@ def markdown(rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[st
     return "\n\n".join(parts)
 
 
-def _fmt(v: object) -> str:
-    return "n/a" if v is None else str(v)
+def _fmt(v: object, key: str = "") -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.0%}" if key.endswith("_share") and isinstance(v, float) else str(v)
 
 
 def starters(run: Run) -> dict[str, Callable[[], Target | str]]:

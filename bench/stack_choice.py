@@ -126,7 +126,10 @@ def proxy_table(rows: list[dict[str, Any]]) -> str:
     headers = ["stack (server+client)", "c", "req/s", "p50 ms", "p99 ms", "CPU ms/req"]
     headers += ["RSS MiB", "errors", "foreign CPU"]
     keys = ("stack", "concurrency", "throughput_rps", "p50_ms", "p99_ms", "cpu_ms_per_req")
-    body = [[r[k] for k in (*keys, "rss_mib", "errors", "foreign_cpu_share")] for r in rows]
+    body = [
+        [r[k] for k in (*keys, "rss_mib", "errors")] + [f"{r['foreign_cpu_share']:.0%}"]
+        for r in rows
+    ]
     return bl.md_table(headers, body)
 
 

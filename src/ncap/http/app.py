@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import msgspec
@@ -41,6 +41,13 @@ CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
 REQUEST_ID = web.RequestKey("request_id", str)
+
+
+class _NoStats:
+    queue_depth = 0
+
+
+_NO_STATS = _NoStats()
 
 
 class Background:
@@ -217,6 +224,24 @@ def build_provider(route_id: str, config: Config) -> Provider:
             raise NcapError(f"route {route_id}: provider gemini is not available in this build")
 
 
+async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
+    """Load local models before serving (not on the first request) and export the
+    engine's queue depth."""
+    local_routes = [rt for rt in routes if rt.route.provider == "local"]
+    if not local_routes:
+        return
+    from ncap.providers.local import LocalProvider
+
+    locals_ = [rt.provider for rt in local_routes if isinstance(rt.provider, LocalProvider)]
+    for provider in locals_:
+        await provider.engine()
+
+    def depth() -> float:
+        return float(sum((p.stats() or _NO_STATS).queue_depth for p in locals_))
+
+    metrics.watch_engine_queue(depth)
+
+
 def create_app(config: Config, *, instance_id: str | None = None) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
@@ -249,6 +274,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
 
     async def lifecycle(app: web.Application) -> Any:
         await accounting.start()
+        await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()
         for rt in routes.values():
