@@ -158,10 +158,13 @@ class Contract(_Model):
     max_age: str | None = None
     fingerprint: Fingerprint | None = None
 
-    @field_validator("max_age")
+    @field_validator("max_age", mode="before")
     @classmethod
-    def _max_age(cls, v: str | None) -> str | None:
-        if v is not None:
+    def _max_age(cls, v: object) -> object:
+        """A duration string, or a plain number of seconds."""
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            v = f"{v}s"
+        if isinstance(v, str):
             parse_duration(v)
         return v
 
@@ -200,7 +203,9 @@ class Route(_Model):
 
     @model_validator(mode="after")
     def _provider_fields(self) -> Route:
-        if self.provider in ("openai", "gemini") and not self.base_url:
+        if self.provider == "gemini":
+            raise ValueError("provider gemini is not available in this build yet")
+        if self.provider == "openai" and not self.base_url:
             raise ValueError(f"base_url is required for provider {self.provider}")
         return self
 
@@ -218,6 +223,16 @@ class Config(_Model):
     @model_validator(mode="after")
     def _references(self) -> Config:
         problems: list[str] = []
+        if not self.keys and "default" not in self.workloads:
+            problems.append(
+                "workloads: without keys every request is workload 'default', which is missing"
+            )
+        problems += [
+            f"workloads.{name}.models: unknown model alias {alias!r}"
+            for name, w in self.workloads.items()
+            for alias in w.models
+            if alias != "*" and alias not in self.models
+        ]
         for alias, chain in self.models.items():
             if not chain:
                 problems.append(f"models.{alias}: a route chain needs at least one route")
@@ -283,9 +298,16 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
     if raw is None:
-        raw = {}
+        return default_config()  # an empty file is the embedded default
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
+    if "models" not in raw and "routes" not in raw:
+        embedded = default_config()
+        raw = {
+            **raw,
+            "models": embedded.models,
+            "routes": {k: r.model_dump(mode="json") for k, r in embedded.routes.items()},
+        }
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:

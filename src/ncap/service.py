@@ -160,7 +160,7 @@ class Gateway:
             started = time.monotonic()
             try:
                 result = await rt.provider.complete(
-                    _for_route(body, rt), timeout=rt.route.timeout_s
+                    _for_route(body, rt, self._extra_fields(plan.alias)), timeout=rt.route.timeout_s
                 )
             except AttemptFailed as exc:
                 await self.accounting.attempt_failed(plan, number, rt, exc, started)
@@ -183,7 +183,9 @@ class Gateway:
         async def attempt(rt: RouteRuntime, number: int) -> _StreamOpen:
             started = time.monotonic()
             try:
-                return await self._open_stream(rt, _for_route(body, rt), started)
+                return await self._open_stream(
+                    rt, _for_route(body, rt, self._extra_fields(plan.alias)), started
+                )
             except AttemptFailed as exc:
                 await self.accounting.attempt_failed(plan, number, rt, exc, started)
                 raise
@@ -257,7 +259,7 @@ class Gateway:
         last: AttemptFailed | None = None
         for rt in plan.usable_routes:
             for i in range(rt.route.retries + 1):
-                if last is not None:
+                if i > 0 and last is not None:  # a fallback is tried at once
                     await self._sleep(_delay(rt.route, i, last))
                 plan.attempts += 1
                 await self.accounting.attempt_started(plan, plan.attempts, rt)
@@ -271,11 +273,15 @@ class Gateway:
         raise _client_error(last) from None
 
 
-def _for_route(body: dict[str, Any], rt: RouteRuntime) -> dict[str, Any]:
-    if rt.route.upstream_model is None:
+def _for_route(body: dict[str, Any], rt: RouteRuntime, extras: frozenset[str]) -> dict[str, Any]:
+    """The body as this route receives it: its upstream model, and only the extra fields
+    this route allows (another route of the chain may allow more)."""
+    foreign = [f for f in extras if f in body and f not in rt.route.extra_fields]
+    if rt.route.upstream_model is None and not foreign:
         return body
-    routed = dict(body)
-    routed["model"] = rt.route.upstream_model
+    routed = {k: v for k, v in body.items() if k not in foreign}
+    if rt.route.upstream_model is not None:
+        routed["model"] = rt.route.upstream_model
     return routed
 
 

@@ -4,7 +4,6 @@ import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
@@ -12,6 +11,11 @@ from openai.types.chat.chat_completion import Choice
 
 from ncap.client import ChoiceBuffer, Demuxed, StreamError, ademux, demux
 from tests.client.chunks import INTERLEAVED, USAGE, chunk, delta
+
+try:  # openai >= 3 ships its own fork of httpx; earlier versions use httpx itself
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx  # type: ignore[no-redef]
 
 
 def sdk_chunks(chunks: Iterable[dict[str, Any]]) -> list[ChatCompletionChunk]:
@@ -136,17 +140,17 @@ def test_demux_of_the_sdks_own_stream_over_sse() -> None:
     """End to end through ``openai.OpenAI(...).chat.completions.create(stream=True)``."""
     sse = "".join(f"data: {json.dumps(c)}\n\n" for c in INTERLEAVED) + "data: [DONE]\n\n"
 
-    def handler(request: httpx2.Request) -> httpx2.Response:
+    def handler(request: httpx.Request) -> httpx.Response:
         sent = json.loads(request.content)
         assert sent["n"] == 3 and sent["stream"] is True
-        return httpx2.Response(
+        return httpx.Response(
             200, headers={"content-type": "text/event-stream"}, content=sse.encode()
         )
 
     client = openai.OpenAI(
         api_key="k",
         base_url="http://ncap.test/v1",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
     )
     stream = client.chat.completions.create(
         model="m",

@@ -357,3 +357,18 @@ async def test_client_disconnect_cancels_the_request(engine: Engine, server: Tes
         resp.close()
     await until(lambda: engine.stats().running_requests == 0)
     assert engine.stats().tokens_generated - before < 2 * 200
+
+
+async def test_request_larger_than_the_kv_cache_runs_alone_and_ends_with_length() -> None:
+    tiny = await asyncio.to_thread(
+        Engine.load, EngineSettings(n_ctx=256, max_sequences=8, max_queue=4, threads=2)
+    )
+    try:
+        params = GenerationParams(messages=HAIKU, n=8, max_tokens=64, seed=1, temperature=1.5)
+        done = await tiny.run(params)  # 38 + 8 × 64 cells > 256
+        assert {c.finish_reason for c in done.choices} == {"length"}
+        assert all(c.tokens < 64 for c in done.choices)
+        again = await tiny.run(GenerationParams(messages=HAIKU, n=2, max_tokens=4, seed=1))
+        assert [c.tokens for c in again.choices] == [4, 4]
+    finally:
+        await asyncio.to_thread(tiny.close)

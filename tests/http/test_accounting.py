@@ -425,3 +425,26 @@ async def test_200_concurrent_requests_against_50_reservations(
     assert len(settled) == 50
     assert len([e for e in events if e.state == "denied"]) == 150
     assert sum(e.total_tokens or 0 for e in settled) <= 50 * per_request
+
+
+async def test_extra_fields_reach_only_the_routes_that_allow_them(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    primary = {
+        "provider": "openai",
+        "base_url": fake[0],
+        "upstream_model": "fake-model",
+        "retries": 0,
+        "extra_fields": ["top_k"],
+        "headers": {"x-fake-fault": "overloaded"},
+    }
+    cfg = gateway_config(
+        fake[0], tmp_path, models={"fake-model": ["primary", "fake"]}, routes={"primary": primary}
+    )
+    fake[1].reset()
+    with gateway(cfg) as gw:
+        r = await post(gw, {**BODY, "top_k": 5})
+    assert r.status_code == 200 and r.headers["x-ncap-route"] == "fake"
+    first, second = fake[1].stats()["recent_bodies"]
+    assert first["top_k"] == 5  # the route that allows it got it
+    assert "top_k" not in second  # the fallback that does not, did not

@@ -15,6 +15,11 @@ engine_app = typer.Typer(no_args_is_help=True, help=__doc__)
 err = Console(stderr=True)
 
 
+@engine_app.callback()
+def _group() -> None:
+    """The local llama.cpp engine (a group, so that ``ncap engine serve`` keeps its name)."""
+
+
 @engine_app.command()
 def serve(
     port: Annotated[int, typer.Option(help="Port")] = 8081,

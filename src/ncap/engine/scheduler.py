@@ -285,7 +285,7 @@ class Scheduler:
             for seq in job.sequences
             if seq.pending is not None
         ]
-        prefill_rows = self._add_prefill_chunks(batch)
+        chunks = self._add_prefill_chunks(batch)
         if batch.size == 0:
             return
         rc = self._lib.llama_decode(self._ctx, batch.raw)
@@ -294,15 +294,18 @@ class Scheduler:
             return
         self._stats.decode_steps += 1
         self._stats.prompt_tokens_evaluated += batch.size - len(decode_rows)
+        for job, end, _row in chunks:
+            job.prefilled = end
+        prefill_rows = [(job, row) for job, _end, row in chunks if job.prefill_done]
         self._sample_all(decode_rows, prefill_rows)
 
-    def _add_prefill_chunks(self, batch: _Batch) -> list[tuple[Job, int]]:
-        """Add prompt chunks within the step's budget; returns jobs whose prompt ended."""
+    def _add_prefill_chunks(self, batch: _Batch) -> list[tuple[Job, int, int]]:
+        """Add prompt chunks within the step's budget: (job, prompt end, last row) each."""
         # alone, a prompt goes in whole batches; beside decoding sequences, in small
         # chunks, so that their next tokens are not held up for long
         room = batch.capacity - batch.size
         budget = room if batch.size == 0 else min(self.settings.prefill_chunk, room)
-        finished: list[tuple[Job, int]] = []
+        chunks: list[tuple[Job, int, int]] = []
         for job in self._running:
             if job.prefill_done or budget <= 0:
                 continue
@@ -312,10 +315,8 @@ class Scheduler:
             for pos in range(job.prefilled, end):
                 row = batch.add(tokens[pos], pos, ids, pos == len(tokens) - 1)
             budget -= end - job.prefilled
-            job.prefilled = end
-            if job.prefill_done:
-                finished.append((job, row))
-        return finished
+            chunks.append((job, end, row))
+        return chunks
 
     def _sample_all(
         self, decode_rows: list[tuple[Job, _Sequence, int]], prefill_rows: list[tuple[Job, int]]

@@ -23,7 +23,7 @@ from aiohttp import web
 from ncap.accounting import Accounting, Caller
 from ncap.admission import Admission
 from ncap.config import Config
-from ncap.errors import BodyTooLarge, InvalidApiKey, NcapError
+from ncap.errors import BodyTooLarge, ConfigError, InvalidApiKey, NcapError
 from ncap.metrics import Metrics
 from ncap.providers.base import Provider
 from ncap.providers.openai import OpenAIProvider
@@ -220,8 +220,8 @@ def build_provider(route_id: str, config: Config) -> Provider:
             from ncap.providers.local import LocalProvider
 
             return LocalProvider(route)
-        case "gemini":
-            raise NcapError(f"route {route_id}: provider gemini is not available in this build")
+        case "gemini":  # refused by config validation; kept for exhaustiveness
+            raise ConfigError(f"route {route_id}: provider gemini is not available yet")
 
 
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:

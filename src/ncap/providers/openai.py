@@ -9,6 +9,7 @@ are converted to ``AttemptFailed`` in one place, ``_mapped``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -24,6 +25,7 @@ from ncap.streaming.sse import MalformedEvent, StreamEvent, iter_events
 
 __all__ = ["OpenAIProvider", "parse_retry_after"]
 
+log = logging.getLogger("ncap.providers.openai")
 _summary = msgspec.json.Decoder(ResponseSummary)
 _encode = msgspec.json.Encoder().encode
 
@@ -52,6 +54,12 @@ class OpenAIProvider:
         key = os.environ.get(route.api_key_env) if route.api_key_env else None
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
+        elif route.api_key_env:
+            log.warning(
+                "route %s: %s is not set; requests go upstream without a credential",
+                route_id,
+                route.api_key_env,
+            )
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
