@@ -87,12 +87,8 @@ class Buckets:
         if now.tzinfo is None:
             raise ValueError("budget clocks must be timezone-aware")
         utc = now.astimezone(UTC)
-        return cls(
-            minute=utc.strftime("%Y-%m-%dT%H:%M"),
-            day=utc.strftime("%Y-%m-%d"),
-            month=utc.strftime("%Y-%m"),
-            now=utc,
-        )
+        iso = utc.isoformat()  # one formatting call on the hot path: YYYY-MM-DDTHH:MM:...
+        return cls(minute=iso[:16], day=iso[:10], month=iso[:7], now=utc)
 
     def seconds_to_next_minute(self) -> float:
         nxt = self.now.replace(second=0, microsecond=0) + timedelta(minutes=1)

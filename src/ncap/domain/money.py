@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from functools import lru_cache
 
 from ncap.config import Pricing
 
@@ -68,6 +69,12 @@ class Prices:
         )
 
 
+@lru_cache(maxsize=256)
+def _prices_of(pricing: Pricing) -> Prices:
+    """Route prices are frozen config: convert each to decimals once."""
+    return Prices.of(pricing)
+
+
 def cost_micros(
     input_tokens: int,
     cached_input_tokens: int,
@@ -81,7 +88,7 @@ def cost_micros(
     """
     if min(input_tokens, cached_input_tokens, output_tokens) < 0:
         raise ValueError("token counts cannot be negative")
-    prices = pricing if isinstance(pricing, Prices) else Prices.of(pricing)
+    prices = pricing if isinstance(pricing, Prices) else _prices_of(pricing)
     cached = min(cached_input_tokens, input_tokens)
     exact = (
         (input_tokens - cached) * prices.input

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from ncap.config import Pricing
 from ncap.domain.money import cost_micros
 
@@ -117,5 +119,9 @@ def _image_parts(content: Any) -> Iterable[Any]:
 
 
 def _json_bytes(value: Any) -> int:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    return len(text.encode("utf-8"))
+    """Length of the compact UTF-8 JSON (msgspec: same bytes as json.dumps, faster)."""
+    try:
+        return len(msgspec.json.encode(value))
+    except (TypeError, msgspec.EncodeError):
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+        return len(text.encode("utf-8"))

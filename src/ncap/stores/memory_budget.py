@@ -43,6 +43,7 @@ class MemoryBudgetStore:
         # (subject, window) -> (live bucket, amount)
         self._counters: dict[tuple[str, str], tuple[str, int]] = {}
         self._holds: dict[str, Hold] = {}
+        self._active: dict[str, int] = {}  # workload -> active holds (kept ones excluded)
 
     async def reserve(
         self,
@@ -63,6 +64,7 @@ class MemoryBudgetStore:
             hold = new_hold(workload_id, exception_id, amounts, buckets, self._instance, hold_id)
             self._add(hold_entries(hold, hold.tokens, hold.cost_micros, 1), create=True)
             self._holds[hold.hold_id] = hold
+            self._count(hold, +1)
         return hold
 
     async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
@@ -72,6 +74,7 @@ class MemoryBudgetStore:
             held = self._holds.pop(hold_ref(hold), None)
             if held is None:
                 return False
+            self._count(held, -1)
             deltas = hold_entries(
                 held, actual_tokens - held.tokens, actual_cost_micros - held.cost_micros, 0
             )
@@ -83,6 +86,7 @@ class MemoryBudgetStore:
             held = self._holds.get(hold_ref(hold))
             if held is None or held.state == "kept":
                 return False
+            self._count(held, -1)
             self._holds[held.hold_id] = replace(held, state="kept")
         return True
 
@@ -91,6 +95,7 @@ class MemoryBudgetStore:
             held = self._holds.pop(hold_ref(hold), None)
             if held is None:
                 return False
+            self._count(held, -1)
             self._add(hold_entries(held, -held.tokens, -held.cost_micros, -1), create=False)
         return True
 
@@ -111,10 +116,13 @@ class MemoryBudgetStore:
     async def close(self) -> None:
         return None
 
+    def _count(self, hold: Hold, delta: int) -> None:
+        """Track active holds per workload, so admission does not scan every hold."""
+        if hold.state == "active":
+            self._active[hold.workload_id] = self._active.get(hold.workload_id, 0) + delta
+
     def _usage(self, workload_id: str, exception_id: str | None, buckets: Buckets) -> Usage:
-        in_flight = sum(
-            1 for h in self._holds.values() if h.workload_id == workload_id and h.state == "active"
-        )
+        in_flight = self._active.get(workload_id, 0)
         return build_usage(usage_keys(workload_id, exception_id, buckets), self._read, in_flight)
 
     def _read(self, key: Key) -> int:
