@@ -24,10 +24,10 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import aiohttp
 import uvloop
+from benchlib import chat_body
 
 
 @dataclass
@@ -193,19 +193,7 @@ def _body(args: argparse.Namespace) -> bytes:
     if args.body:
         with open(args.body, "rb") as f:
             return f.read()
-    body: dict[str, Any] = {
-        "model": args.model,
-        "messages": [
-            {"role": "system", "content": "You are a terse assistant."},
-            {"role": "user", "content": "Say hello in five words."},
-        ],
-        "n": 1,
-        "max_tokens": 16,
-        "temperature": 0.7,
-    }
-    if args.stream:
-        body["stream"] = True
-    return json.dumps(body).encode()
+    return chat_body(args.model, args.stream)
 
 
 def main(argv: list[str] | None = None) -> int:

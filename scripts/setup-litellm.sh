@@ -29,5 +29,5 @@ fi
 
 if [[ "${1:-}" == "--check" ]]; then
     exec "$ROOT/.venv/bin/python" "$ROOT/bench/gateway_bench.py" --targets litellm \
-        --concurrency 1 --duration 1 --warmup 0.5 --output /dev/null
+        --concurrency 1 --rounds 1 --duration 1 --warmup 0.5 --output /dev/null
 fi

@@ -27,7 +27,7 @@ from ncap import __version__
 from ncap.config import Config, Fingerprint, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
-from ncap.domain.events import LEDGER_COLUMNS, AttemptOutcome, LedgerEvent, settle
+from ncap.domain.events import AttemptOutcome, LedgerEvent, settle
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, estimate_input_tokens, reservation_for
@@ -115,6 +115,7 @@ class Accounting:
         self.instance = instance
         self.metrics = metrics
         self.clock = clock
+        self._window_cache: dict[tuple[str, str | None], BudgetWindows] = {}
 
     # -- lifecycle of the stores -------------------------------------------------------
 
@@ -155,7 +156,8 @@ class Accounting:
         now = self.clock()
         decision = self._decide(caller, body, now)
         plan = self._plan(request_id, caller, alias, body, chain, decision, now)
-        self.metrics.candidates_requested.labels(caller.workload_id).observe(decision.effective)
+        m = self.metrics
+        m.child(m.candidates_requested, caller.workload_id).observe(decision.effective)
         try:
             if decision.error is not None:
                 raise decision.error
@@ -166,7 +168,7 @@ class Accounting:
             await self._deny(plan, chain[0], exc)
             raise
         plan.quota_scope = self.budgets.quota_scope
-        self.metrics.requests.labels(caller.workload_id, "allow", decision.policy_reason).inc()
+        m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
         return plan
 
     def _decide(self, caller: Caller, body: dict[str, Any], now: datetime) -> Decision:
@@ -253,8 +255,15 @@ class Accounting:
         return max(sizes, key=lambda r: (r.cost_micros, r.total_tokens))
 
     def _windows(self, caller: Caller, decision: Decision) -> BudgetWindows:
-        grant = next((e for e in self.config.exceptions if e.id == decision.exception_id), None)
-        return BudgetWindows.for_workload(self.config.workloads[caller.workload_id], grant)
+        """The workload's windows with its engaged exception's; config is frozen, so each
+        pair is converted (USD to micro-USD) once."""
+        key = (caller.workload_id, decision.exception_id)
+        windows = self._window_cache.get(key)
+        if windows is None:
+            grant = next((e for e in self.config.exceptions if e.id == key[1]), None)
+            workload = self.config.workloads[caller.workload_id]
+            windows = self._window_cache[key] = BudgetWindows.for_workload(workload, grant)
+        return windows
 
     async def _deny(self, plan: Plan, primary: RouteRuntime, error: NcapError) -> None:
         reason = str(error.code)
@@ -303,7 +312,7 @@ class Accounting:
         report = AttemptReport(failure.provider_request_id, 0, {}, None, plan.stream, None)
         if outcome == "rejected":
             report = replace(report, returned=0)
-        await self._finish(plan, number, rt, report, outcome, started, failure=failure)
+        await self._finish(plan, number, rt, report, outcome, started)
 
     async def abandon(self, plan: Plan) -> None:
         """Release a hold no dispatched attempt is using (the request ended early)."""
@@ -320,7 +329,6 @@ class Accounting:
         report: AttemptReport,
         outcome: AttemptOutcome,
         started: float,
-        failure: AttemptFailed | None = None,
     ) -> None:
         usage = report.usage
         settlement = settle(
@@ -331,17 +339,10 @@ class Accounting:
             outcome=outcome,
         )
         row = plan.rows.get(number) or self._row(plan, number, rt, state="reserved")
-        fields = _usage_fields(usage, rt.route.pricing) if settlement.state == "settled" else {}
+        final = _usage_fields(usage, rt.route.pricing) if settlement.state == "settled" else {}
         if outcome == "rejected":
-            fields = {
-                "input_tokens": 0,
-                "output_tokens_total": 0,
-                "total_tokens": 0,
-                "cost_micros": 0,
-                "cached_input_tokens": 0,
-            }
-        row = replace(
-            row,
+            final = dict(_NOTHING_USED)
+        final.update(
             provider_request_id=report.provider_request_id,
             returned_candidate_count=report.returned if outcome != "rejected" else 0,
             finish_reasons=report.finish_reasons,
@@ -349,12 +350,11 @@ class Accounting:
             state=settlement.state,
             reconciliation_reason=settlement.reconciliation_reason,
             latency_ms=round((time.monotonic() - started) * 1000, 3),
-            **fields,
         )
-        plan.rows[number] = row
+        row = plan.rows[number] = replace(row, **final)
         # the hold first: once the row shows its final state, the budget does too
         await self._settle_hold(plan, row, outcome, settlement.holds_reservation)
-        await self.ledger.update(row.request_id, row.attempt, **_changed(row))
+        await self.ledger.update(row.request_id, row.attempt, **final)
         self._observe(rt, row, outcome, started)
 
     async def _settle_hold(
@@ -375,12 +375,13 @@ class Accounting:
     def _observe(
         self, rt: RouteRuntime, row: LedgerEvent, outcome: AttemptOutcome, started: float
     ) -> None:
-        self.metrics.attempts.labels(rt.id, outcome).inc()
-        self.metrics.upstream_latency.labels(rt.id).observe(time.monotonic() - started)
+        m = self.metrics
+        m.child(m.attempts, rt.id, outcome).inc()
+        m.child(m.upstream_latency, rt.id).observe(time.monotonic() - started)
         if row.input_tokens:
-            self.metrics.tokens.labels(rt.id, "in").inc(row.input_tokens)
+            m.child(m.tokens, rt.id, "in").inc(row.input_tokens)
         if row.output_tokens_total:
-            self.metrics.tokens.labels(rt.id, "out").inc(row.output_tokens_total)
+            m.child(m.tokens, rt.id, "out").inc(row.output_tokens_total)
         if row.state in ("pending", "usage_reconciliation_required"):
             self.metrics.pending_reconciliation.inc()
 
@@ -472,9 +473,10 @@ def _usage_source(usage: SummaryUsage | None, stream: bool, state: str) -> Any:
     return "provider_stream" if stream else "provider_response"
 
 
-_KEY_FIELDS = frozenset({"request_id", "attempt"})
-
-
-def _changed(row: LedgerEvent) -> dict[str, Any]:
-    """Every column but the key: an attempt's row is rewritten whole when it finishes."""
-    return {f: getattr(row, f) for f in LEDGER_COLUMNS if f not in _KEY_FIELDS}
+_NOTHING_USED: dict[str, Any] = {
+    "input_tokens": 0,
+    "output_tokens_total": 0,
+    "total_tokens": 0,
+    "cost_micros": 0,
+    "cached_input_tokens": 0,
+}

@@ -7,6 +7,7 @@ workload id): nothing a client sent ends up in a label.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,6 +26,7 @@ _CANDIDATE_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64, 128)
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "ncap_requests",
@@ -67,6 +69,14 @@ class Metrics:
         self.engine_queue_depth = Gauge(
             "ncap_engine_queue_depth", "Requests waiting in the local engine's queue", registry=r
         )
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: label sets come from config, so few."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def watch_engine_queue(self, depth: Callable[[], float]) -> None:
         self.engine_queue_depth.set_function(depth)
