@@ -351,14 +351,13 @@ class Accounting:
             reconciliation_reason=settlement.reconciliation_reason,
             latency_ms=round((time.monotonic() - started) * 1000, 3),
         )
-        row = plan.rows[number] = replace(row, **final)
         # the hold first: once the row shows its final state, the budget does too
-        await self._settle_hold(plan, row, outcome, settlement.holds_reservation)
+        await self._settle_hold(plan, final, outcome, settlement.holds_reservation)
         await self.ledger.update(row.request_id, row.attempt, **final)
-        self._observe(rt, row, outcome, started)
+        self._observe(rt, final, outcome, started)
 
     async def _settle_hold(
-        self, plan: Plan, row: LedgerEvent, outcome: AttemptOutcome, holds: bool
+        self, plan: Plan, final: dict[str, Any], outcome: AttemptOutcome, holds: bool
     ) -> None:
         if plan.hold is None:
             return
@@ -369,21 +368,22 @@ class Accounting:
             await self.budgets.keep(hold)
             return  # still outstanding until reconciled
         else:
-            await self.budgets.settle(hold, row.total_tokens or 0, row.cost_micros or 0)
+            tokens, cost = final.get("total_tokens") or 0, final.get("cost_micros") or 0
+            await self.budgets.settle(hold, tokens, cost)
         self.metrics.reservations_outstanding.dec()
 
     def _observe(
-        self, rt: RouteRuntime, row: LedgerEvent, outcome: AttemptOutcome, started: float
+        self, rt: RouteRuntime, final: dict[str, Any], outcome: AttemptOutcome, started: float
     ) -> None:
         m = self.metrics
         m.child(m.attempts, rt.id, outcome).inc()
         m.child(m.upstream_latency, rt.id).observe(time.monotonic() - started)
-        if row.input_tokens:
-            m.child(m.tokens, rt.id, "in").inc(row.input_tokens)
-        if row.output_tokens_total:
-            m.child(m.tokens, rt.id, "out").inc(row.output_tokens_total)
-        if row.state in ("pending", "usage_reconciliation_required"):
-            self.metrics.pending_reconciliation.inc()
+        if final.get("input_tokens"):
+            m.child(m.tokens, rt.id, "in").inc(final["input_tokens"])
+        if final.get("output_tokens_total"):
+            m.child(m.tokens, rt.id, "out").inc(final["output_tokens_total"])
+        if final["state"] in ("pending", "usage_reconciliation_required"):
+            m.pending_reconciliation.inc()
 
     def _row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: Any) -> LedgerEvent:
         d, r = plan.decision, plan.reservation

@@ -27,7 +27,9 @@ class MemoryLedgerStore:
         key = (event.request_id, event.attempt)
         if key in self._rows:
             raise DuplicateAttempt(event.request_id, event.attempt)
-        self._rows[key] = replace(event, finish_reasons=dict(event.finish_reasons))
+        # events are frozen and their finish_reasons are never mutated after creation
+        # (the lifecycle builds a new dict per attempt), so the event is stored as given
+        self._rows[key] = event
 
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         self._check_open()
