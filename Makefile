@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit bench bench-gateway bench-engine clean
+.PHONY: setup serve test lint typecheck unit bench bench-gateway bench-ledger bench-stack bench-engine clean
 
 setup:
 	@scripts/setup.sh
@@ -24,14 +24,21 @@ unit: setup
 
 test: lint typecheck unit
 
-bench: bench-gateway bench-engine
+bench: bench-gateway bench-ledger bench-stack bench-engine
 
 bench-gateway: setup
 	@scripts/setup-litellm.sh
-	$(BIN)/python bench/gateway_bench.py
+	$(BIN)/python bench/gateway_bench.py --targets direct,ncap-memory,ncap-ledger,ncap,litellm --rounds 3
+
+bench-ledger: setup
+	$(BIN)/python bench/ledger_check.py --requests 5000 --concurrency 64
+
+bench-stack: setup
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python bench/stack_choice.py --rounds 3 --duration 4
 
 bench-engine: setup
-	$(BIN)/python bench/engine_bench.py
+	$(BIN)/python bench/engine_bench.py --repeat 2
 
 clean:
 	rm -rf $(VENV) .venv-litellm .ncap .pytest_cache .mypy_cache .ruff_cache

@@ -44,11 +44,16 @@ from typing import Any
 
 import benchlib as bl
 
-TARGETS = ("direct", "ncap", "ncap-sqlite-normal", "ncap-memory", "litellm")
+TARGETS = ("direct", "ncap", "ncap-ledger", "ncap-sqlite-normal", "ncap-memory", "litellm")
 # ncap target -> its stores: the default (SQLite, synchronous=FULL: every admitted
 # reservation is fsynced before dispatch), SQLite without the per-commit fsync, and
 # in-process stores (the overhead of the code path alone).
-NCAP_STORES = {"ncap": "sqlite", "ncap-sqlite-normal": "sqlite-normal", "ncap-memory": "memory"}
+NCAP_STORES = {
+    "ncap": "sqlite",
+    "ncap-ledger": "ledger",  # durable SQLite ledger, in-process budgets (SPEC §2's default)
+    "ncap-sqlite-normal": "sqlite-normal",
+    "ncap-memory": "memory",
+}
 DEFAULT_TARGETS = "direct,ncap,litellm"
 PIN_UPSTREAM = "1"
 PIN_LOADGEN = "0"
@@ -145,6 +150,8 @@ def ncap_config_text(upstream_port: int, work: Path, stores: str) -> str:
     ledger, budgets = f"sqlite:///{work}/ledger.db{query}", f"sqlite:///{work}/budgets.db{query}"
     if stores == "memory":
         ledger, budgets = "memory://", "memory://"
+    elif stores == "ledger":
+        budgets = "memory://"
     return NCAP_CONFIG.format(upstream_port=upstream_port, ledger=ledger, budgets=budgets)
 
 
