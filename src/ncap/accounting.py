@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ncap import __version__
@@ -215,6 +216,8 @@ class Accounting:
     ) -> list[RouteRuntime]:
         """The primary must accept n (else the request is denied); fallbacks that do
         not approve the same count are dropped for this request."""
+        if n == 1:
+            return list(chain)  # every route serves one candidate; no contract needed
         primary = chain[0]
         check_route(
             primary.route.contract, primary.id, n, now=now, expected_fingerprint=_print(primary)
@@ -422,13 +425,16 @@ def _refuse_emulation(rt: RouteRuntime, n: int) -> None:
         )
 
 
+@lru_cache(maxsize=256)
+def _fingerprint(provider: str, upstream_model: str | None) -> Fingerprint:
+    return Fingerprint(
+        provider=provider, upstream_model=upstream_model, gateway_version=__version__
+    )
+
+
 def _print(rt: RouteRuntime) -> Fingerprint:
     """What a contract record must have been verified for to still hold."""
-    return Fingerprint(
-        provider=rt.route.provider,
-        upstream_model=rt.route.upstream_model,
-        gateway_version=__version__,
-    )
+    return _fingerprint(rt.route.provider, rt.route.upstream_model)
 
 
 def _failure_outcome(failure: AttemptFailed) -> AttemptOutcome:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import os
 import secrets
@@ -76,6 +77,21 @@ class Background:
 
 BACKGROUND = web.AppKey("background", Background)
 
+
+class RequestIds:
+    """``req-<random per process>-<counter>``: unique across processes and restarts
+    without a random draw (a getrandom syscall) per request."""
+
+    def __init__(self) -> None:
+        self._prefix = "req-" + uuid.uuid4().hex[:16] + "-"
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
+
+
+REQUEST_IDS = web.AppKey("request_ids", RequestIds)
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -135,7 +151,7 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
-    request_id = "req-" + uuid.uuid4().hex
+    request_id = app[REQUEST_IDS].next()
     request[REQUEST_ID] = request_id
     caller = _authenticate(request, app[CONFIG])
     admission = app[ADMISSION]
@@ -266,6 +282,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting)
     background = app[BACKGROUND] = Background(metrics_)
+    app[REQUEST_IDS] = RequestIds()
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)

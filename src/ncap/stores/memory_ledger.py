@@ -20,7 +20,15 @@ class MemoryLedgerStore:
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, int], LedgerEvent] = {}
+        self._updates: dict[tuple[str, int], dict[str, Any]] = {}
         self._closed = False
+
+    def _merged(self) -> dict[tuple[str, int], LedgerEvent]:
+        """The rows with their pending updates applied (reads are rare, writes hot)."""
+        for key, fields in self._updates.items():
+            self._rows[key] = replace(self._rows[key], **fields)
+        self._updates.clear()
+        return self._rows
 
     async def append(self, event: LedgerEvent) -> None:
         self._check_open()
@@ -37,30 +45,33 @@ class MemoryLedgerStore:
         key = (request_id, attempt)
         if key not in self._rows:
             raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
-        self._rows[key] = replace(self._rows[key], **fields)
+        pending = self._updates.setdefault(key, {})
+        pending.update(fields)  # merged into the row when it is read: updates stay cheap
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
         return sorted(
-            (e for (rid, _), e in self._rows.items() if rid == request_id),
+            (e for (rid, _), e in self._merged().items() if rid == request_id),
             key=lambda e: e.attempt,
         )
 
     async def export(
         self, since: datetime | None = None, until: datetime | None = None
     ) -> AsyncIterator[LedgerEvent]:
-        for event in sorted(self._rows.values(), key=_order):
+        for event in sorted(self._merged().values(), key=_order):
             if (since is None or event.timestamp >= since) and (
                 until is None or event.timestamp < until
             ):
                 yield event
 
     async def pending(self) -> list[LedgerEvent]:
-        return sorted((e for e in self._rows.values() if e.state in UNSETTLED_STATES), key=_order)
+        return sorted(
+            (e for e in self._merged().values() if e.state in UNSETTLED_STATES), key=_order
+        )
 
     async def mark_lost(
         self, gateway_instance: str | None = None, *, before: datetime | None = None
     ) -> int:
-        lost = [k for k, e in self._rows.items() if is_lost(e, gateway_instance, before)]
+        lost = [k for k, e in self._merged().items() if is_lost(e, gateway_instance, before)]
         for key in lost:
             self._rows[key] = replace(
                 self._rows[key],
@@ -74,7 +85,7 @@ class MemoryLedgerStore:
     ) -> ImportResult:
         def find(pid: str) -> list[LedgerEvent]:
             return sorted(
-                (e for e in self._rows.values() if e.provider_request_id == pid), key=_order
+                (e for e in self._merged().values() if e.provider_request_id == pid), key=_order
             )
 
         def write(event: LedgerEvent) -> None:
