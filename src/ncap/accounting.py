@@ -313,8 +313,6 @@ class Accounting:
     ) -> None:
         outcome = _failure_outcome(failure)
         report = AttemptReport(failure.provider_request_id, 0, {}, None, plan.stream, None)
-        if outcome == "rejected":
-            report = replace(report, returned=0)
         await self._finish(plan, number, rt, report, outcome, started)
 
     async def abandon(self, plan: Plan) -> None:
@@ -349,7 +347,7 @@ class Accounting:
             provider_request_id=report.provider_request_id,
             returned_candidate_count=report.returned if outcome != "rejected" else 0,
             finish_reasons=report.finish_reasons,
-            usage_source=_usage_source(usage, report.stream, settlement.state),
+            usage_source=_usage_source(usage, report.stream),
             state=settlement.state,
             reconciliation_reason=settlement.reconciliation_reason,
             latency_ms=round((time.monotonic() - started) * 1000, 3),
@@ -473,9 +471,9 @@ def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any
     }
 
 
-def _usage_source(usage: SummaryUsage | None, stream: bool, state: str) -> Any:
-    if usage is None or state != "settled":
-        return "none" if usage is None else ("provider_stream" if stream else "provider_response")
+def _usage_source(usage: SummaryUsage | None, stream: bool) -> Any:
+    if usage is None:
+        return "none"
     return "provider_stream" if stream else "provider_response"
 
 
