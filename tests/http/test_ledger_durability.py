@@ -212,3 +212,25 @@ def test_reconcile_import_moves_rows_and_is_idempotent(
     summary = json.loads(second.stdout)
     assert summary["reconciled"] == [] and len(summary["unchanged"]) == 2
     assert asyncio.run(rows(tmp_path)) == after
+
+
+def test_ledger_export_and_reconcile_list(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+    config = gateway_config(fake[0], tmp_path)
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    with gateway(config) as gw:
+        ok = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=10)
+        denied = httpx.post(gw.url + "/v1/chat/completions", json={**body, "n": 9}, timeout=10)
+    assert (ok.status_code, denied.status_code) == (200, 400)
+    path = _write(config, tmp_path)
+    runner = CliRunner()
+    jsonl = runner.invoke(cli, ["ledger", "export", "--since", "1d", "--config", str(path)])
+    assert jsonl.exit_code == 0, jsonl.output
+    events = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert [e["state"] for e in events] == ["settled", "denied"]
+    assert events[0]["request_id"] == ok.headers["x-request-id"]
+    assert events[1]["policy_reason"] == "candidate_count_exceeds_policy"
+    csv_out = runner.invoke(cli, ["ledger", "export", "--format", "csv", "--config", str(path)])
+    header, *lines = csv_out.stdout.strip().splitlines()
+    assert header.startswith("timestamp,request_id,attempt,workload_id") and len(lines) == 2
+    pending = runner.invoke(cli, ["reconcile", "list", "--format", "json", "--config", str(path)])
+    assert pending.exit_code == 0 and json.loads(pending.stdout) == []

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from ncap.errors import NcapError
+
+if TYPE_CHECKING:
+    from ncap.engine import EngineSettings
 
 __all__ = ["engine_app"]
 
@@ -32,6 +36,12 @@ def serve(
     n_ctx: Annotated[int, typer.Option(help="KV cache cells (context per sequence)")] = 8192,
     max_sequences: Annotated[int, typer.Option(help="Sequences decoded together")] = 32,
     max_queue: Annotated[int, typer.Option(help="Waiting requests before 503")] = 64,
+    route: Annotated[
+        str | None, typer.Option(help="Take the settings of this local route of --config")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="YAML config (with --route)")
+    ] = None,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/models and /healthz."""
     from aiohttp import web
@@ -40,6 +50,8 @@ def serve(
     from ncap.engine.server import create_engine_app
 
     settings = EngineSettings(model_path, n_ctx, max_sequences, max_queue, threads)
+    if route is not None:
+        settings = _route_settings(config, route)
     try:
         engine = Engine.load(settings)
     except NcapError as exc:
@@ -51,3 +63,16 @@ def serve(
         web.run_app(app, host=host, port=port, handler_cancellation=True, print=None)
     finally:
         engine.close()
+
+
+def _route_settings(config: Path | None, route_id: str) -> EngineSettings:
+    """The engine settings of a ``provider: local`` route of the config file."""
+    from ncap.cli.main import load_or_exit
+    from ncap.providers.local import settings_from_route
+
+    cfg = load_or_exit(config)
+    route = cfg.routes.get(route_id)
+    if route is None or route.provider != "local":
+        err.print(f"[red]error[/red] no local route {route_id!r} in the config")
+        raise typer.Exit(2)
+    return settings_from_route(route)
