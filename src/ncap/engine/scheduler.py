@@ -37,6 +37,7 @@ from ncap.engine.params import GenerationParams
 from ncap.engine.sampling import LogitsRow, SamplerChain, logits_row, token_info
 from ncap.engine.text import ChoiceText
 from ncap.errors import NcapError, Overloaded
+from ncap.logsafe import log_internal_error
 
 __all__ = ["EngineStats", "Job", "PreparedRequest", "Scheduler", "SchedulerSettings", "Sink"]
 
@@ -237,8 +238,8 @@ class Scheduler:
                 self._reap_cancelled()
                 if self._running:
                     self._step()
-            except Exception:
-                log.exception("local engine step failed")
+            except Exception as exc:
+                log_internal_error(log, "local engine step failed", exc)
                 self._fail_all(NcapError("the local engine failed while generating"))
         self._fail_all(Overloaded("the local engine is shutting down"))
         with self._cond:

@@ -27,6 +27,7 @@ from ncap.engine.wire import (
     text_completion,
 )
 from ncap.errors import BodyTooLarge, InvalidRequest, NcapError
+from ncap.logsafe import log_internal_error
 from ncap.protocol.validate import parse_chat_request, parse_completion_request
 
 __all__ = ["ENGINE", "MODEL_NAME", "create_engine_app"]
@@ -61,8 +62,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         if exc.status < 400:
             raise
         return _error(_http_error(exc))
-    except Exception:
-        log.exception("engine handler failed")
+    except Exception as exc:
+        log_internal_error(log, "engine handler failed", exc)
         return _error(NcapError("the server had an error while processing your request"))
 
 

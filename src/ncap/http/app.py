@@ -25,6 +25,7 @@ from ncap.accounting import Accounting, Caller
 from ncap.admission import Admission
 from ncap.config import Config
 from ncap.errors import BodyTooLarge, ConfigError, InvalidApiKey, NcapError
+from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers.base import Provider
 from ncap.providers.openai import OpenAIProvider
@@ -141,8 +142,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(exc, request.get(REQUEST_ID))
     except web.HTTPException as exc:
         return _http_exception(exc)
-    except Exception:
-        log.exception("internal error on %s %s", request.method, request.path)
+    except Exception as exc:
+        log_internal_error(log, f"internal error on {request.method} {request.path}", exc)
         return error_response(
             NcapError("The gateway had an internal error."), request.get(REQUEST_ID)
         )
