@@ -121,7 +121,7 @@ class Gateway:
         chain = self._chain(request.model, caller)
         plan = await self.accounting.admit(request_id, caller, request.model, body, chain)
         try:
-            self._prepare_body(body, plan, chain[0].route)
+            self._prepare_body(body, plan)
             if plan.stream:
                 return await self._stream(plan, body)
             return await self._complete(plan, body)
@@ -143,15 +143,10 @@ class Gateway:
         return [self.routes[rid] for rid in route_ids]
 
     @staticmethod
-    def _prepare_body(body: dict[str, Any], plan: Plan, route: Route) -> None:
-        """The body every attempt sends: an explicit output ceiling (so the reservation
-        is real) and usage on streams where the route's contract can deliver it."""
+    def _prepare_body(body: dict[str, Any], plan: Plan) -> None:
+        """An explicit output ceiling on every attempt, so the reservation is real."""
         if not plan.ceiling_from_request:
             body["max_completion_tokens"] = plan.per_candidate_ceiling
-        if plan.stream and route.contract.stream_usage == "include_usage":
-            options = dict(body.get("stream_options") or {})
-            options["include_usage"] = True
-            body["stream_options"] = options
 
     # -- non-streaming ---------------------------------------------------------------
 
@@ -274,14 +269,19 @@ class Gateway:
 
 
 def _for_route(body: dict[str, Any], rt: RouteRuntime, extras: frozenset[str]) -> dict[str, Any]:
-    """The body as this route receives it: its upstream model, and only the extra fields
-    this route allows (another route of the chain may allow more)."""
-    foreign = [f for f in extras if f in body and f not in rt.route.extra_fields]
-    if rt.route.upstream_model is None and not foreign:
+    """The body as this route receives it: its upstream model, only the extra fields it
+    allows (another route of the chain may allow more), and usage asked for on streams
+    where its contract says the provider can deliver it."""
+    route = rt.route
+    foreign = [f for f in extras if f in body and f not in route.extra_fields]
+    wants_usage = body.get("stream") is True and route.contract.stream_usage == "include_usage"
+    if route.upstream_model is None and not foreign and not wants_usage:
         return body
     routed = {k: v for k, v in body.items() if k not in foreign}
-    if rt.route.upstream_model is not None:
-        routed["model"] = rt.route.upstream_model
+    if route.upstream_model is not None:
+        routed["model"] = route.upstream_model
+    if wants_usage:
+        routed["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return routed
 
 

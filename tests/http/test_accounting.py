@@ -448,3 +448,20 @@ async def test_extra_fields_reach_only_the_routes_that_allow_them(
     first, second = fake[1].stats()["recent_bodies"]
     assert first["top_k"] == 5  # the route that allows it got it
     assert "top_k" not in second  # the fallback that does not, did not
+
+
+@pytest.mark.parametrize(("stream_usage", "asked"), [("include_usage", True), ("none", False)])
+async def test_gateway_asks_for_stream_usage_only_where_the_contract_allows(
+    fake: tuple[str, FakeState], tmp_path: Path, stream_usage: str, asked: bool
+) -> None:
+    cfg = gateway_config(
+        fake[0], tmp_path, routes={"fake": {"contract": {"stream_usage": stream_usage}}}
+    )
+    fake[1].reset()
+    with gateway(cfg) as gw:
+        r = await post(gw, {**BODY, "stream": True})
+        (event,) = await settled_rows(tmp_path, r.headers["x-request-id"])
+    (sent,) = fake[1].stats()["recent_bodies"]
+    assert ("stream_options" in sent) is asked
+    assert '"usage":{' not in r.text  # the client did not ask: never relayed
+    assert event.state == ("settled" if asked else "pending")
