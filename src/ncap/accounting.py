@@ -76,10 +76,18 @@ class Plan:
     client_wants_usage: bool
     timestamp: datetime
     started: float
-    hold: Hold | None = None
+    # holds by attempt number: one per attempt (k at once for a fan-out)
+    holds: dict[int, Hold] = field(default_factory=dict)
     attempts: int = 0
+    # fan-out emulation: k single-candidate branches, each its own attempt and hold
+    emulated: bool = False
+    attempt_reservation: Reservation = field(default_factory=lambda: Reservation(0, 0, 0))
     quota_scope: str = "instance"
     rows: dict[int, LedgerEvent] = field(default_factory=dict)
+
+    @property
+    def candidates_per_attempt(self) -> int:
+        return 1 if self.emulated else self.decision.effective
 
     @property
     def ceiling_from_request(self) -> bool:
@@ -163,9 +171,12 @@ class Accounting:
             if decision.error is not None:
                 raise decision.error
             plan.usable_routes = self._usable_routes(chain, decision.effective, now)
-            plan.reservation = self._reserve_size(body, plan.usable_routes, decision)
-            await self._reserve(plan, 1, now)
+            plan.emulated = _emulated(plan.usable_routes[0], decision.effective, plan.stream)
+            self._size(plan, body)
+            for number in range(1, (decision.effective if plan.emulated else 1) + 1):
+                await self._reserve(plan, number, now)
         except (PolicyDenied, RateLimited) as exc:
+            await self.abandon(plan)  # a fan-out admitted in part gives its holds back
             await self._deny(plan, chain[0], exc)
             raise
         plan.quota_scope = self.budgets.quota_scope
@@ -222,7 +233,6 @@ class Accounting:
         check_route(
             primary.route.contract, primary.id, n, now=now, expected_fingerprint=_print(primary)
         )
-        _refuse_emulation(primary, n)
         fallbacks = [
             rt
             for rt in chain[1:]
@@ -232,6 +242,18 @@ class Accounting:
             and candidates_mode(rt.route.contract, n) == "native"
         ]
         return [primary, *fallbacks]
+
+    def _size(self, plan: Plan, body: dict[str, Any]) -> None:
+        """The request's reservation, and what each of its attempts holds (a fan-out
+        branch holds one prefill and one ceiling; together they hold the whole)."""
+        plan.reservation = self._reserve_size(body, plan.usable_routes, plan.decision)
+        plan.attempt_reservation = plan.reservation
+        if plan.emulated:
+            k = plan.decision.effective
+            branch = plan.reservation
+            plan.attempt_reservation = Reservation(
+                branch.input_tokens // k, branch.output_tokens // k, -(-branch.cost_micros // k)
+            )
 
     @staticmethod
     def _reserve_size(
@@ -278,10 +300,11 @@ class Accounting:
     # -- attempts ----------------------------------------------------------------------
 
     async def _reserve(self, plan: Plan, number: int, now: datetime) -> None:
-        plan.hold = await self.budgets.reserve(
+        size = plan.attempt_reservation
+        plan.holds[number] = await self.budgets.reserve(
             plan.caller.workload_id,
             self._windows(plan.caller, plan.decision),
-            Amounts(plan.reservation.total_tokens, plan.reservation.cost_micros),
+            Amounts(size.total_tokens, size.cost_micros),
             exception_id=plan.decision.exception_id,
             now=now,
             hold_id=hold_id_for(plan.request_id, number),
@@ -291,7 +314,7 @@ class Accounting:
     async def attempt_started(self, plan: Plan, number: int, rt: RouteRuntime) -> None:
         """Write the attempt's reserved row; every attempt after the first needs a
         reservation of its own (the previous one was settled, kept or released)."""
-        if plan.hold is None:
+        if number not in plan.holds:
             await self._reserve(plan, number, self.clock())
         event = self._row(plan, number, rt, state="reserved")
         plan.rows[number] = event
@@ -316,9 +339,9 @@ class Accounting:
         await self._finish(plan, number, rt, report, outcome, started)
 
     async def abandon(self, plan: Plan) -> None:
-        """Release a hold no dispatched attempt is using (the request ended early)."""
-        if plan.hold is not None:
-            hold, plan.hold = plan.hold, None
+        """Release the holds no dispatched attempt is using (the request ended early)."""
+        while plan.holds:
+            _, hold = plan.holds.popitem()
             await self.budgets.release(hold)
             self.metrics.reservations_outstanding.dec()
 
@@ -333,7 +356,7 @@ class Accounting:
     ) -> None:
         usage = report.usage
         settlement = settle(
-            effective_n=plan.decision.effective,
+            effective_n=plan.candidates_per_attempt,
             returned_n=report.returned if outcome != "rejected" else 0,
             usage_present=_usage_complete(usage),
             stream=report.stream,
@@ -353,16 +376,16 @@ class Accounting:
             latency_ms=round((time.monotonic() - started) * 1000, 3),
         )
         # the hold first: once the row shows its final state, the budget does too
-        await self._settle_hold(plan, final, outcome, settlement.holds_reservation)
+        await self._settle_hold(plan, number, final, outcome, settlement.holds_reservation)
         await self.ledger.update(row.request_id, row.attempt, **final)
         self._observe(rt, final, outcome, started)
 
     async def _settle_hold(
-        self, plan: Plan, final: dict[str, Any], outcome: AttemptOutcome, holds: bool
+        self, plan: Plan, number: int, final: dict[str, Any], outcome: AttemptOutcome, holds: bool
     ) -> None:
-        if plan.hold is None:
+        hold = plan.holds.pop(number, None)
+        if hold is None:
             return
-        hold, plan.hold = plan.hold, None
         if outcome == "rejected":
             await self.budgets.release(hold)  # a refusal generated nothing
         elif holds:
@@ -387,7 +410,7 @@ class Accounting:
             m.pending_reconciliation.inc()
 
     def _row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: Any) -> LedgerEvent:
-        d, r = plan.decision, plan.reservation
+        d, r = plan.decision, plan.attempt_reservation
         return LedgerEvent(
             timestamp=self.clock(),
             request_id=plan.request_id,
@@ -412,15 +435,18 @@ class Accounting:
         )
 
 
-def _refuse_emulation(rt: RouteRuntime, n: int) -> None:
-    """Fan-out emulation is not built yet: fail closed rather than send n to an upstream
-    whose contract says it does not honour it."""
-    if candidates_mode(rt.route.contract, n) == "emulate":
+def _emulated(rt: RouteRuntime, n: int, stream: bool) -> bool:
+    """Whether the route serves n by fan-out; a streamed fan-out is not built yet, so it
+    fails closed rather than sending n to an upstream that does not honour it."""
+    if candidates_mode(rt.route.contract, n) != "emulate":
+        return False
+    if stream:
         raise RouteDoesNotSupportCandidates(
             f"Route '{rt.id}' serves n > 1 only by fan-out emulation, which this gateway "
-            "build does not provide yet. Send n=1.",
+            "does not stream yet. Send stream=false, or n=1.",
             param="n",
         )
+    return True
 
 
 @lru_cache(maxsize=256)

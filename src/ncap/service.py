@@ -124,6 +124,8 @@ class Gateway:
             self._prepare_body(body, plan)
             if plan.stream:
                 return await self._stream(plan, body)
+            if plan.emulated:
+                return await self._fan_out(plan, body, chain[0])
             return await self._complete(plan, body)
         except BaseException:
             await self.accounting.abandon(plan)
@@ -157,8 +159,8 @@ class Gateway:
                 result = await rt.provider.complete(
                     _for_route(body, rt, self._extra_fields(plan.alias)), timeout=rt.route.timeout_s
                 )
-            except AttemptFailed as exc:
-                await self.accounting.attempt_failed(plan, number, rt, exc, started)
+            except (AttemptFailed, NcapError) as exc:
+                await self.accounting.attempt_failed(plan, number, rt, _as_failure(exc), started)
                 raise
             return result, started
 
@@ -172,6 +174,61 @@ class Gateway:
         settle = self.accounting.attempt_answered(plan, plan.attempts, rt, report, started)
         return Reply(200, headers, result.body, after=settle)
 
+    # -- fan-out emulation -----------------------------------------------------------
+
+    async def _fan_out(self, plan: Plan, body: dict[str, Any], rt: RouteRuntime) -> Reply:
+        """n by k = n single-candidate requests on a route without native n: every
+        branch is an attempt with its own ledger row and hold (each prefill is paid and
+        recorded), all or nothing, merged in branch order."""
+        k = plan.decision.effective
+        branch_body = {
+            f: v
+            for f, v in _for_route(body, rt, self._extra_fields(plan.alias)).items()
+            if f != "n"
+        }
+        plan.attempts = k
+        for number in range(1, k + 1):
+            await self.accounting.attempt_started(plan, number, rt)
+        results = await asyncio.gather(
+            *(self._branch(plan, rt, number, branch_body) for number in range(1, k + 1)),
+            return_exceptions=True,
+        )
+        answered = [
+            (number, r) for number, r in enumerate(results, 1) if not isinstance(r, BaseException)
+        ]
+        settle = self._settle_branches(plan, rt, answered)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:  # all or nothing: the answered branches are settled (they were paid)
+            await settle
+            first = failures[0]
+            raise _client_error(first) if isinstance(first, AttemptFailed) else first
+        merged, returned = _merge_branches(plan.request_id, [r for _, (r, _) in answered])
+        headers = plan.headers(rt.id)
+        headers["x-ncap-candidates-returned"] = str(returned)
+        headers["content-type"] = "application/json"
+        return Reply(200, headers, merged, after=settle)
+
+    async def _branch(
+        self, plan: Plan, rt: RouteRuntime, number: int, body: dict[str, Any]
+    ) -> tuple[UpstreamResult, float]:
+        started = time.monotonic()
+        try:
+            result = await rt.provider.complete(body, timeout=rt.route.timeout_s)
+        except (AttemptFailed, NcapError) as exc:
+            await self.accounting.attempt_failed(plan, number, rt, _as_failure(exc), started)
+            raise
+        return result, started
+
+    async def _settle_branches(
+        self,
+        plan: Plan,
+        rt: RouteRuntime,
+        answered: list[tuple[int, tuple[UpstreamResult, float]]],
+    ) -> None:
+        for number, (result, started) in answered:
+            report = _outcome_of(result.summary, result.provider_request_id)
+            await self.accounting.attempt_answered(plan, number, rt, report, started)
+
     # -- streaming -------------------------------------------------------------------
 
     async def _stream(self, plan: Plan, body: dict[str, Any]) -> Reply:
@@ -181,8 +238,8 @@ class Gateway:
                 return await self._open_stream(
                     rt, _for_route(body, rt, self._extra_fields(plan.alias)), started
                 )
-            except AttemptFailed as exc:
-                await self.accounting.attempt_failed(plan, number, rt, exc, started)
+            except (AttemptFailed, NcapError) as exc:
+                await self.accounting.attempt_failed(plan, number, rt, _as_failure(exc), started)
                 raise
 
         rt, opened = await self._attempts(plan, attempt)
@@ -268,6 +325,25 @@ class Gateway:
         raise _client_error(last) from None
 
 
+def _merge_branches(request_id: str, results: list[UpstreamResult]) -> tuple[bytes, int]:
+    """One chat.completion from k single-candidate ones: choices re-indexed in branch
+    order, usage summed (every branch's prompt was paid)."""
+    bodies = [msgspec.json.decode(r.body) for r in results]
+    choices = [choice for b in bodies for choice in b.get("choices") or []]
+    for index, choice in enumerate(choices):
+        choice["index"] = index
+    merged = {**bodies[0], "id": f"chatcmpl-{request_id}", "choices": choices}
+    usages = [b.get("usage") for b in bodies]
+    if all(isinstance(u, dict) for u in usages):
+        merged["usage"] = {
+            key: sum(int(u.get(key) or 0) for u in usages)
+            for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+        }
+    else:
+        merged.pop("usage", None)  # not all branches reported: the total is unknown
+    return _encode(merged), len(choices)
+
+
 def _for_route(body: dict[str, Any], rt: RouteRuntime, extras: frozenset[str]) -> dict[str, Any]:
     """The body as this route receives it: its upstream model, only the extra fields it
     allows (another route of the chain may allow more), and usage asked for on streams
@@ -283,6 +359,14 @@ def _for_route(body: dict[str, Any], rt: RouteRuntime, extras: frozenset[str]) -
     if wants_usage:
         routed["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return routed
+
+
+def _as_failure(exc: AttemptFailed | NcapError) -> AttemptFailed:
+    """A provider's own refusal (the local engine's queue full, a context overflow) is an
+    attempt that generated nothing: recorded as such, then raised to the client as is."""
+    if isinstance(exc, AttemptFailed):
+        return exc
+    return AttemptFailed("status", exc.status, dispatched=False, detail=str(exc.code))
 
 
 def _delay(route: Route, retry: int, failure: AttemptFailed) -> float:

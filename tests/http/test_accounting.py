@@ -20,6 +20,7 @@ from ncap.stores import SQLiteBudgetStore, SQLiteLedgerStore
 from ncap.stores.base import Hold
 from ncap.testing.fake_upstream import FakeState
 from tests.support import ServerThread, gateway, gateway_config
+from tests.wire import validate_response
 
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "Pick a number."}]
 BODY: dict[str, Any] = {"model": "fake-model", "messages": MESSAGES}
@@ -153,17 +154,62 @@ async def test_route_without_contract_refuses_n_above_one(
     assert fake[1].stats()["requests"] == 1
 
 
-async def test_emulate_route_fails_closed_for_n_above_one(
+def _emulated(fake: tuple[str, FakeState], tmp: Path, **route: Any) -> Any:
+    contract = {"candidates": "emulate", "max_candidates": 8}
+    return gateway_config(fake[0], tmp, routes={"fake": {"contract": contract, **route}})
+
+
+async def test_emulated_route_fans_out_single_candidate_requests(
     fake: tuple[str, FakeState], tmp_path: Path
 ) -> None:
-    cfg = gateway_config(
-        fake[0], tmp_path, routes={"fake": {"contract": {"candidates": "emulate"}}}
-    )
     fake[1].reset()
-    with gateway(cfg) as gw:
-        multi = await post(gw, {**BODY, "n": 2})
-        single = await post(gw, BODY)
-    assert multi.json()["error"]["code"] == "route_does_not_support_candidates"
+    with gateway(_emulated(fake, tmp_path)) as gw:
+        r = await post(gw, {**BODY, "n": 3, "max_completion_tokens": 40})
+        events = await settled_rows(tmp_path, r.headers["x-request-id"], 3)
+    body = r.json()
+    validate_response(body)
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert r.headers["x-ncap-candidates-returned"] == "3"
+    sent = fake[1].stats()["recent_bodies"]
+    assert len(sent) == 3 and all("n" not in b for b in sent)  # k single-candidate calls
+    each = [
+        (e.attempt, e.state, e.returned_candidate_count, e.effective_candidate_count)
+        for e in events
+    ]
+    assert each == [(1, "settled", 1, 3), (2, "settled", 1, 3), (3, "settled", 1, 3)]
+    # every prefill is paid and recorded; the response's usage is their sum
+    assert body["usage"]["prompt_tokens"] == sum(e.input_tokens or 0 for e in events)
+    assert body["usage"]["completion_tokens"] == sum(e.output_tokens_total or 0 for e in events)
+    assert [e.reserved_output_tokens for e in events] == [40, 40, 40]
+    assert int(r.headers["x-ncap-reserved-tokens"]) == sum(
+        e.reserved_input_tokens + e.reserved_output_tokens for e in events
+    )
+    assert await holds(tmp_path) == []
+
+
+async def test_emulated_fan_out_is_all_or_nothing(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex
+    headers = {"x-fake-fault": "overloaded", "x-fake-fail-times": "1", "x-fake-fail-key": key}
+    with gateway(_emulated(fake, tmp_path, headers=headers)) as gw:
+        r = await post(gw, {**BODY, "n": 3})
+        events = await final_rows(tmp_path)
+    assert (r.status_code, r.json()["error"]["code"]) == (503, "server_is_overloaded")
+    states = sorted((e.state, e.returned_candidate_count) for e in events)
+    # the refused branch cost nothing; the two answered ones were paid and are settled
+    assert states == [("settled", 0), ("settled", 1), ("settled", 1)]
+    assert await holds(tmp_path) == []
+
+
+async def test_emulated_route_does_not_stream_n_above_one_yet(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    fake[1].reset()
+    with gateway(_emulated(fake, tmp_path)) as gw:
+        streamed = await post(gw, {**BODY, "n": 2, "stream": True})
+        single = await post(gw, {**BODY, "stream": True})
+    assert streamed.json()["error"]["code"] == "route_does_not_support_candidates"
     assert single.status_code == 200
     assert fake[1].stats()["requests"] == 1
 
