@@ -187,8 +187,10 @@ class Gateway:
             if f != "n"
         }
         plan.attempts = k
-        for number in range(1, k + 1):
-            await self.accounting.attempt_started(plan, number, rt)
+        # the k reserved rows are written together, so they share one group commit
+        await asyncio.gather(
+            *(self.accounting.attempt_started(plan, n, rt) for n in range(1, k + 1))
+        )
         results = await asyncio.gather(
             *(self._branch(plan, rt, number, branch_body) for number in range(1, k + 1)),
             return_exceptions=True,
