@@ -287,6 +287,9 @@ class Gateway:
         except AttemptFailed as exc:
             cut = "upstream_reset" if exc.kind != "protocol" else "malformed_stream"
             yield _error_event(UpstreamError("The upstream stream failed mid-way."))
+        except NcapError as exc:  # a local provider's own error mid-stream
+            cut = "upstream_error"
+            yield _error_event(exc)
         finally:
             report = _stream_report(tally, cut)
             finished = self.accounting.stream_finished(plan, number, rt, report, started)

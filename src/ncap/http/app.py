@@ -203,7 +203,12 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
     stream = reply.stream
     try:
+        # started before anything can fail, so that closing it always runs its
+        # settlement and closes the upstream (its first event is already here)
+        first = await anext(stream, None)
         await response.prepare(request)
+        if first is not None:
+            await response.write(first)
         async for chunk in stream:
             await response.write(chunk)
     except (ConnectionError, OSError):
