@@ -32,7 +32,7 @@ from ncap.domain.events import AttemptOutcome, LedgerEvent, settle
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, estimate_input_tokens, reservation_for
-from ncap.errors import NcapError, PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
+from ncap.errors import NcapError, PolicyDenied, RateLimited
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
@@ -171,7 +171,7 @@ class Accounting:
             if decision.error is not None:
                 raise decision.error
             plan.usable_routes = self._usable_routes(chain, decision.effective, now)
-            plan.emulated = _emulated(plan.usable_routes[0], decision.effective, plan.stream)
+            plan.emulated = _emulated(plan.usable_routes[0], decision.effective)
             self._size(plan, body)
             for number in range(1, (decision.effective if plan.emulated else 1) + 1):
                 await self._reserve(plan, number, now)
@@ -435,18 +435,9 @@ class Accounting:
         )
 
 
-def _emulated(rt: RouteRuntime, n: int, stream: bool) -> bool:
-    """Whether the route serves n by fan-out; a streamed fan-out is not built yet, so it
-    fails closed rather than sending n to an upstream that does not honour it."""
-    if candidates_mode(rt.route.contract, n) != "emulate":
-        return False
-    if stream:
-        raise RouteDoesNotSupportCandidates(
-            f"Route '{rt.id}' serves n > 1 only by fan-out emulation, which this gateway "
-            "does not stream yet. Send stream=false, or n=1.",
-            param="n",
-        )
-    return True
+def _emulated(rt: RouteRuntime, n: int) -> bool:
+    """Whether the route serves n by fan-out (k single-candidate requests)."""
+    return candidates_mode(rt.route.contract, n) == "emulate"
 
 
 @lru_cache(maxsize=256)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -79,6 +79,7 @@ class _Tally:
     """What a relayed stream said about itself, per choice ``index``."""
 
     provider_request_id: str | None = None
+    model: str = ""
     finish: dict[int, str | None] = field(default_factory=dict)
     usage: Any = None
     done: bool = False
@@ -122,6 +123,8 @@ class Gateway:
         plan = await self.accounting.admit(request_id, caller, request.model, body, chain)
         try:
             self._prepare_body(body, plan)
+            if plan.emulated and plan.stream:
+                return await self._fan_out_stream(plan, body, chain[0])
             if plan.stream:
                 return await self._stream(plan, body)
             if plan.emulated:
@@ -231,6 +234,103 @@ class Gateway:
             report = _outcome_of(result.summary, result.provider_request_id)
             await self.accounting.attempt_answered(plan, number, rt, report, started)
 
+    async def _fan_out_stream(self, plan: Plan, body: dict[str, Any], rt: RouteRuntime) -> Reply:
+        """The streamed fan-out: k single-candidate streams opened together (all or
+        nothing before the first byte), relayed as one stream with each branch's
+        choice at its own ``index``, usage summed at the end."""
+        k = plan.decision.effective
+        branch_body = {
+            f: v
+            for f, v in _for_route(body, rt, self._extra_fields(plan.alias)).items()
+            if f != "n"
+        }
+        plan.attempts = k
+        await asyncio.gather(
+            *(self.accounting.attempt_started(plan, n, rt) for n in range(1, k + 1))
+        )
+        opened = await asyncio.gather(
+            *(self._open_branch(plan, rt, n, branch_body) for n in range(1, k + 1)),
+            return_exceptions=True,
+        )
+        branches = [(n, o) for n, o in enumerate(opened, 1) if isinstance(o, _StreamOpen)]
+        failures = [o for o in opened if isinstance(o, BaseException)]
+        if failures:
+            await self._abort_branches(plan, rt, branches)
+            first = failures[0]
+            raise _client_error(first) if isinstance(first, AttemptFailed) else first
+        headers = plan.headers(rt.id)
+        headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
+        return Reply(200, headers, stream=self._relay_branches(plan, rt, branches))
+
+    async def _open_branch(
+        self, plan: Plan, rt: RouteRuntime, number: int, body: dict[str, Any]
+    ) -> _StreamOpen:
+        started = time.monotonic()
+        try:
+            return await self._open_stream(rt, body, started)
+        except (AttemptFailed, NcapError) as exc:
+            await self.accounting.attempt_failed(plan, number, rt, _as_failure(exc), started)
+            raise
+
+    async def _abort_branches(
+        self, plan: Plan, rt: RouteRuntime, branches: list[tuple[int, _StreamOpen]]
+    ) -> None:
+        """Branches that opened when another did not: closed, and held as cut streams
+        (they may have started generating)."""
+        for number, branch in branches:
+            await branch.stack.aclose()
+            report = _stream_report(_Tally(branch.provider_request_id), "fan_out_aborted")
+            await self.accounting.stream_finished(plan, number, rt, report, branch.started)
+
+    async def _relay_branches(
+        self, plan: Plan, rt: RouteRuntime, branches: list[tuple[int, _StreamOpen]]
+    ) -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[tuple[int, StreamEvent | BaseException | None]] = asyncio.Queue()
+        tallies = {n: _Tally(provider_request_id=b.provider_request_id) for n, b in branches}
+        pumps = [asyncio.create_task(_pump(n, b, queue)) for n, b in branches]
+        cut: str | None = "client_disconnect"
+        try:
+            live = len(branches)
+            while live:
+                number, item = await queue.get()
+                if item is None:
+                    live -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                out = _rebase(item, tallies[number], number - 1, plan.request_id)
+                if out:
+                    yield out
+            cut = None if all(t.done for t in tallies.values()) else "stream_truncated"
+            usage = _summed_usage(tallies.values())
+            if cut is None and plan.client_wants_usage and usage is not None:
+                model = next((t.model for t in tallies.values() if t.model), plan.alias)
+                yield _usage_chunk(plan.request_id, model, usage)
+            yield _error_event(UpstreamError("An upstream stream ended early.")) if cut else DONE
+        except (AttemptFailed, NcapError):
+            cut = "upstream_reset"
+            yield _error_event(UpstreamError("An upstream stream failed mid-way."))
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            settle = self._settle_streams(plan, rt, branches, tallies, cut)
+            await asyncio.shield(settle)
+
+    async def _settle_streams(
+        self,
+        plan: Plan,
+        rt: RouteRuntime,
+        branches: list[tuple[int, _StreamOpen]],
+        tallies: dict[int, _Tally],
+        cut: str | None,
+    ) -> None:
+        for number, branch in branches:
+            await branch.stack.aclose()
+            tally = tallies[number]
+            report = _stream_report(tally, None if tally.done else (cut or "stream_truncated"))
+            await self.accounting.stream_finished(plan, number, rt, report, branch.started)
+
     # -- streaming -------------------------------------------------------------------
 
     async def _stream(self, plan: Plan, body: dict[str, Any]) -> Reply:
@@ -328,6 +428,70 @@ class Gateway:
                         raise _client_error(exc) from None
         assert last is not None
         raise _client_error(last) from None
+
+
+async def _pump(
+    number: int,
+    branch: _StreamOpen,
+    queue: asyncio.Queue[tuple[int, StreamEvent | BaseException | None]],
+) -> None:
+    """One branch's events into the shared queue; None when it ends, or its failure."""
+    try:
+        event = branch.first
+        while event is not None:
+            await queue.put((number, event))
+            event = await anext(branch.events, None)
+    except (AttemptFailed, NcapError) as exc:
+        await queue.put((number, exc))
+        return
+    await queue.put((number, None))
+
+
+def _rebase(event: StreamEvent, tally: _Tally, index: int, request_id: str) -> bytes | None:
+    """A branch's chunk as the merged stream's: its choice moved to the branch's index;
+    its own usage chunk and ``[DONE]`` kept back (the merged stream ends once)."""
+    if event.summary is None:
+        tally.done = tally.done or event.done or event.raw == DONE
+        return None
+    tally.add(event.summary)
+    if not event.summary.choices:
+        return None
+    chunk = msgspec.json.decode(_data_of(event.raw))
+    tally.model = tally.model or str(chunk.get("model") or "")
+    chunk["id"] = f"chatcmpl-{request_id}"
+    chunk.pop("usage", None)
+    for choice in chunk.get("choices") or []:
+        choice["index"] = index
+    return encode_event(_encode(chunk))
+
+
+def _data_of(raw: bytes) -> bytes:
+    return b"\n".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
+
+
+def _summed_usage(tallies: Iterable[_Tally]) -> dict[str, int] | None:
+    usages = [t.usage for t in tallies]
+    if any(u is None or u.prompt_tokens is None or u.completion_tokens is None for u in usages):
+        return None
+    prompt = sum(u.prompt_tokens for u in usages)
+    completion = sum(u.completion_tokens for u in usages)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _usage_chunk(request_id: str, model: str, usage: dict[str, int]) -> bytes:
+    chunk = {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
+    return encode_event(_encode(chunk))
 
 
 def _merge_branches(request_id: str, results: list[UpstreamResult]) -> tuple[bytes, int]:

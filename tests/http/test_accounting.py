@@ -4,6 +4,7 @@ through the real gateway in front of the fake upstream."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from ncap.stores import SQLiteBudgetStore, SQLiteLedgerStore
 from ncap.stores.base import Hold
 from ncap.testing.fake_upstream import FakeState
 from tests.support import ServerThread, gateway, gateway_config
-from tests.wire import validate_response
+from tests.wire import validate_chunk, validate_response
 
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "Pick a number."}]
 BODY: dict[str, Any] = {"model": "fake-model", "messages": MESSAGES}
@@ -202,16 +203,57 @@ async def test_emulated_fan_out_is_all_or_nothing(
     assert await holds(tmp_path) == []
 
 
-async def test_emulated_route_does_not_stream_n_above_one_yet(
-    fake: tuple[str, FakeState], tmp_path: Path
+def _sse(text: str) -> list[Any]:
+    return [
+        json.loads(line[6:])
+        for line in text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_emulated_stream_merges_branches_by_index(
+    fake: tuple[str, FakeState], tmp_path: Path, include_usage: bool
 ) -> None:
     fake[1].reset()
+    body = {**BODY, "n": 3, "stream": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
     with gateway(_emulated(fake, tmp_path)) as gw:
-        streamed = await post(gw, {**BODY, "n": 2, "stream": True})
-        single = await post(gw, {**BODY, "stream": True})
-    assert streamed.json()["error"]["code"] == "route_does_not_support_candidates"
-    assert single.status_code == 200
-    assert fake[1].stats()["requests"] == 1
+        r = await post(gw, body)
+        events = await settled_rows(tmp_path, r.headers["x-request-id"], 3)
+    assert r.text.endswith("data: [DONE]\n\n")
+    chunks = _sse(r.text)
+    for chunk in chunks:
+        validate_chunk(chunk)
+    finish = {c["index"]: c["finish_reason"] for ch in chunks for c in ch["choices"]
+              if c["finish_reason"]}  # fmt: skip
+    assert finish == {0: "stop", 1: "stop", 2: "stop"}
+    usages = [ch["usage"] for ch in chunks if ch.get("usage")]
+    assert len(fake[1].stats()["recent_bodies"]) == 3
+    assert [(e.state, e.usage_source, e.returned_candidate_count) for e in events] == [
+        ("settled", "provider_stream", 1)
+    ] * 3
+    if include_usage:
+        (usage,) = usages
+        assert usage["completion_tokens"] == sum(e.output_tokens_total or 0 for e in events)
+        assert usage["prompt_tokens"] == sum(e.input_tokens or 0 for e in events)
+    else:
+        assert usages == []
+    assert await holds(tmp_path) == []
+
+
+async def test_emulated_stream_branch_reset_ends_with_an_error_and_holds(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    faults = {"x-fake-fault": "reset_mid_stream=3,slow_chunks=30"}
+    with gateway(_emulated(fake, tmp_path, headers=faults)) as gw:
+        r = await post(gw, {**BODY, "n": 2, "stream": True})
+        events = await final_rows(tmp_path)
+    assert "[DONE]" not in r.text
+    assert r.text.rstrip().splitlines()[-1].startswith('data: {"error"')
+    assert {(e.state, e.reconciliation_reason) for e in events} == {("pending", "stream_cut")}
+    assert {h.state for h in await holds(tmp_path)} == {"kept"}
 
 
 @pytest.mark.parametrize(
