@@ -183,17 +183,7 @@ class Gateway:
         """n by k = n single-candidate requests on a route without native n: every
         branch is an attempt with its own ledger row and hold (each prefill is paid and
         recorded), all or nothing, merged in branch order."""
-        k = plan.decision.effective
-        branch_body = {
-            f: v
-            for f, v in _for_route(body, rt, self._extra_fields(plan.alias)).items()
-            if f != "n"
-        }
-        plan.attempts = k
-        # the k reserved rows are written together, so they share one group commit
-        await asyncio.gather(
-            *(self.accounting.attempt_started(plan, n, rt) for n in range(1, k + 1))
-        )
+        k, branch_body = await self._start_branches(plan, body, rt)
         results = await asyncio.gather(
             *(self._branch(plan, rt, number, branch_body) for number in range(1, k + 1)),
             return_exceptions=True,
@@ -212,6 +202,19 @@ class Gateway:
         headers["x-ncap-candidates-returned"] = str(returned)
         headers["content-type"] = "application/json"
         return Reply(200, headers, merged, after=settle)
+
+    async def _start_branches(
+        self, plan: Plan, body: dict[str, Any], rt: RouteRuntime
+    ) -> tuple[int, dict[str, Any]]:
+        """The single-candidate body and the k branches' reserved rows, written together
+        so that they share one group commit."""
+        k = plan.decision.effective
+        routed = _for_route(body, rt, self._extra_fields(plan.alias))
+        plan.attempts = k
+        await asyncio.gather(
+            *(self.accounting.attempt_started(plan, n, rt) for n in range(1, k + 1))
+        )
+        return k, {f: v for f, v in routed.items() if f != "n"}
 
     async def _branch(
         self, plan: Plan, rt: RouteRuntime, number: int, body: dict[str, Any]
@@ -238,16 +241,7 @@ class Gateway:
         """The streamed fan-out: k single-candidate streams opened together (all or
         nothing before the first byte), relayed as one stream with each branch's
         choice at its own ``index``, usage summed at the end."""
-        k = plan.decision.effective
-        branch_body = {
-            f: v
-            for f, v in _for_route(body, rt, self._extra_fields(plan.alias)).items()
-            if f != "n"
-        }
-        plan.attempts = k
-        await asyncio.gather(
-            *(self.accounting.attempt_started(plan, n, rt) for n in range(1, k + 1))
-        )
+        k, branch_body = await self._start_branches(plan, body, rt)
         opened = await asyncio.gather(
             *(self._open_branch(plan, rt, n, branch_body) for n in range(1, k + 1)),
             return_exceptions=True,
