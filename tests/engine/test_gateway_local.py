@@ -88,3 +88,20 @@ def test_policy_caps_the_local_demo_at_four(local_gw: tuple[ServerThread, Path])
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="smollm2", messages=MESSAGES, n=5)  # type: ignore[arg-type]
     assert info.value.code == "candidate_count_exceeds_policy"
+
+
+def test_context_overflow_is_a_400_and_an_attempt_that_cost_nothing(
+    local_gw: tuple[ServerThread, Path],
+) -> None:
+    gw, tmp = local_gw
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    long_text = "rain " * 3000  # well past the route's n_ctx of 2048
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.with_raw_response.create(
+            model="smollm2", messages=[{"role": "user", "content": long_text}], max_tokens=8
+        )
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.param == "messages"
+    request_id = info.value.response.headers["x-request-id"]
+    (event,) = asyncio.run(settled_rows(tmp, request_id))
+    assert (event.state, event.cost_micros, event.returned_candidate_count) == ("settled", 0, 0)
