@@ -134,6 +134,9 @@ class Gateway:
             await self.accounting.abandon(plan)
             raise
 
+    def _routed(self, plan: Plan, body: dict[str, Any], rt: RouteRuntime) -> dict[str, Any]:
+        return _for_route(body, rt, self._extra_fields(plan.alias))
+
     def _extra_fields(self, model: object) -> frozenset[str]:
         return self._extras.get(model, frozenset()) if isinstance(model, str) else frozenset()
 
@@ -157,15 +160,7 @@ class Gateway:
 
     async def _complete(self, plan: Plan, body: dict[str, Any]) -> Reply:
         async def attempt(rt: RouteRuntime, number: int) -> tuple[UpstreamResult, float]:
-            started = time.monotonic()
-            try:
-                result = await rt.provider.complete(
-                    _for_route(body, rt, self._extra_fields(plan.alias)), timeout=rt.route.timeout_s
-                )
-            except (AttemptFailed, NcapError) as exc:
-                await self.accounting.attempt_failed(plan, number, rt, _as_failure(exc), started)
-                raise
-            return result, started
+            return await self._call(plan, rt, number, self._routed(plan, body, rt))
 
         rt, (result, started) = await self._attempts(plan, attempt)
         report = _outcome_of(result.summary, result.provider_request_id)
@@ -185,7 +180,7 @@ class Gateway:
         recorded), all or nothing, merged in branch order."""
         k, branch_body = await self._start_branches(plan, body, rt)
         results = await asyncio.gather(
-            *(self._branch(plan, rt, number, branch_body) for number in range(1, k + 1)),
+            *(self._call(plan, rt, number, branch_body) for number in range(1, k + 1)),
             return_exceptions=True,
         )
         answered = [
@@ -209,16 +204,17 @@ class Gateway:
         """The single-candidate body and the k branches' reserved rows, written together
         so that they share one group commit."""
         k = plan.decision.effective
-        routed = _for_route(body, rt, self._extra_fields(plan.alias))
+        routed = self._routed(plan, body, rt)
         plan.attempts = k
         await asyncio.gather(
             *(self.accounting.attempt_started(plan, n, rt) for n in range(1, k + 1))
         )
         return k, {f: v for f, v in routed.items() if f != "n"}
 
-    async def _branch(
+    async def _call(
         self, plan: Plan, rt: RouteRuntime, number: int, body: dict[str, Any]
     ) -> tuple[UpstreamResult, float]:
+        """One non-streamed attempt; a failure is recorded on its row, then raised."""
         started = time.monotonic()
         try:
             result = await rt.provider.complete(body, timeout=rt.route.timeout_s)
@@ -243,7 +239,7 @@ class Gateway:
         choice at its own ``index``, usage summed at the end."""
         k, branch_body = await self._start_branches(plan, body, rt)
         opened = await asyncio.gather(
-            *(self._open_branch(plan, rt, n, branch_body) for n in range(1, k + 1)),
+            *(self._open(plan, rt, n, branch_body) for n in range(1, k + 1)),
             return_exceptions=True,
         )
         branches = [(n, o) for n, o in enumerate(opened, 1) if isinstance(o, _StreamOpen)]
@@ -256,9 +252,10 @@ class Gateway:
         headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
         return Reply(200, headers, stream=self._relay_branches(plan, rt, branches))
 
-    async def _open_branch(
+    async def _open(
         self, plan: Plan, rt: RouteRuntime, number: int, body: dict[str, Any]
     ) -> _StreamOpen:
+        """One streamed attempt up to its first event; a failure is recorded, then raised."""
         started = time.monotonic()
         try:
             return await self._open_stream(rt, body, started)
@@ -329,14 +326,7 @@ class Gateway:
 
     async def _stream(self, plan: Plan, body: dict[str, Any]) -> Reply:
         async def attempt(rt: RouteRuntime, number: int) -> _StreamOpen:
-            started = time.monotonic()
-            try:
-                return await self._open_stream(
-                    rt, _for_route(body, rt, self._extra_fields(plan.alias)), started
-                )
-            except (AttemptFailed, NcapError) as exc:
-                await self.accounting.attempt_failed(plan, number, rt, _as_failure(exc), started)
-                raise
+            return await self._open(plan, rt, number, self._routed(plan, body, rt))
 
         rt, opened = await self._attempts(plan, attempt)
         headers = plan.headers(rt.id)
