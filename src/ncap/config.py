@@ -64,6 +64,10 @@ class Server(_Model):
     max_in_flight: int = Field(512, ge=1)
     ramp: Ramp = Ramp()
     instance_id: str | None = None
+    # heartbeats into the shared store; a gateway silent for heartbeat_timeout_s is
+    # lost: its in-flight rows become gateway_lost and its holds stay counted
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    heartbeat_timeout_s: float = Field(15.0, gt=0)
 
     @property
     def is_loopback(self) -> bool:

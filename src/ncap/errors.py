@@ -23,6 +23,7 @@
     │   ├── BudgetExhausted                       budget_exhausted (x-should-retry: false)
     │   └── SlowDown                              slow_down
     ├── Overloaded                          503 server_is_overloaded
+    │   └── StoreUnavailable                503 store_unavailable (a store is down: fail closed)
     ├── UpstreamError                       502 upstream_error
     │   └── UpstreamTimeout                 504 upstream_timeout
     └── ConfigError                         (CLI only: a configuration problem)
@@ -60,6 +61,7 @@ __all__ = [
     "RouteContractStale",
     "RouteDoesNotSupportCandidates",
     "SlowDown",
+    "StoreUnavailable",
     "UnknownParameter",
     "UpstreamError",
     "UpstreamTimeout",
@@ -219,6 +221,27 @@ class Overloaded(NcapError):
     status = 503
     type = "server_error"
     code = "server_is_overloaded"
+
+
+class StoreUnavailable(Overloaded):
+    """A store could not be reached or failed: the gateway refuses rather than serve
+    traffic it cannot meter. ``store`` names it (``ledger`` or ``budgets``) for /readyz.
+
+    Every backend converts its driver's errors into this one class where they enter
+    (``raise StoreUnavailable(...) from exc``), so nothing above the stores knows drivers.
+    """
+
+    code = "store_unavailable"
+
+    def __init__(self, store: str, backend: str, detail: str = "") -> None:
+        super().__init__(
+            f"The gateway's {store} store ({backend}) is unavailable, so no request can be "
+            "metered; nothing was sent upstream. Retry after a short delay.",
+            retry_after=1.0,
+        )
+        self.store = store
+        self.backend = backend
+        self.detail = detail  # the driver's error class, for logs; never sent to clients
 
 
 class UpstreamError(NcapError):

@@ -319,7 +319,8 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
         await store.close()
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert versions == [(1,), (2,)]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()

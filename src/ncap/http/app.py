@@ -30,7 +30,7 @@ from ncap.metrics import Metrics
 from ncap.providers.base import Provider
 from ncap.providers.openai import OpenAIProvider
 from ncap.service import Gateway, Reply, RouteRuntime
-from ncap.stores import budgets_from_url, ledger_from_url
+from ncap.stores import Identity, PeerWatch, budgets_from_url, instances_for, ledger_from_url
 
 __all__ = ["create_app", "hash_key"]
 
@@ -42,6 +42,7 @@ ADMISSION = web.AppKey("admission", Admission)
 CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
+PEERS = web.AppKey("peers", PeerWatch)
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
@@ -293,12 +294,16 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    accounting = Accounting(
-        config,
-        ledger_from_url(config.stores.ledger),
-        budgets_from_url(config.stores.budgets, gateway_instance=instance),
-        instance=instance,
-        metrics=metrics_,
+    ledger = ledger_from_url(config.stores.ledger)
+    budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
+    accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
+    peers = PeerWatch(
+        instances_for(ledger),
+        ledger,
+        budgets,
+        Identity.current(instance),
+        interval_s=config.server.heartbeat_interval_s,
+        timeout_s=config.server.heartbeat_timeout_s,
     )
     routes = {
         rid: RouteRuntime(rid, route, build_provider(rid, config))
@@ -306,6 +311,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     }
     app[CONFIG] = config
     app[ACCOUNTING] = accounting
+    app[PEERS] = peers
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting)
@@ -318,12 +324,16 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app.router.add_get("/metrics", metrics)
 
     async def lifecycle(app: web.Application) -> Any:
-        await accounting.start()
+        # recovery that knows its peers (issue 9) instead of Accounting.start(), which
+        # would mark every instance's in-flight rows lost
+        await peers.start()
+        metrics_.reservations_outstanding.set(len(await budgets.outstanding()))
         await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()
         for rt in routes.values():
             await rt.provider.aclose()
+        await peers.stop()
         await accounting.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -4,8 +4,9 @@
 ``sqlite:///rel/path``   a file relative to the working directory (parent created)
 ``sqlite:////abs/path``  an absolute path; ``?synchronous=normal`` trades power-loss
                          durability of the last commits for speed (default FULL)
-``postgresql://…``       ledger shared by every replica (not in this build yet)
-``redis://…``            budgets shared by every replica (not in this build yet)
+``postgresql://…``       ledger shared by every replica; ``?schema=name`` picks a schema
+``redis://…``            budgets shared by every replica (``quota_scope=global``);
+                         ``?prefix=name`` namespaces the keys
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ncap.config import utcnow
 from ncap.errors import ConfigError
+from ncap.stores._postgres import postgres_target
 from ncap.stores._sqlite import Synchronous
 from ncap.stores.base import (
     BudgetStore,
@@ -27,8 +29,18 @@ from ncap.stores.base import (
     LedgerStore,
     hold_id_for,
 )
+from ncap.stores.instances import (
+    Identity,
+    InstanceRegistry,
+    MemoryInstanceRegistry,
+    PostgresInstanceRegistry,
+    SQLiteInstanceRegistry,
+)
 from ncap.stores.memory_budget import MemoryBudgetStore
 from ncap.stores.memory_ledger import MemoryLedgerStore
+from ncap.stores.peers import PeerWatch
+from ncap.stores.postgres_ledger import PostgresLedgerStore
+from ncap.stores.redis_budget import RedisBudgetStore
 from ncap.stores.sqlite_budget import SQLiteBudgetStore
 from ncap.stores.sqlite_ledger import SQLiteLedgerStore
 
@@ -37,24 +49,24 @@ __all__ = [
     "DuplicateAttempt",
     "Hold",
     "HoldState",
+    "Identity",
     "ImportResult",
+    "InstanceRegistry",
     "LedgerStore",
     "MemoryBudgetStore",
     "MemoryLedgerStore",
+    "PeerWatch",
+    "PostgresLedgerStore",
+    "RedisBudgetStore",
     "SQLiteBudgetStore",
     "SQLiteLedgerStore",
     "budgets_from_url",
     "hold_id_for",
+    "instances_for",
     "ledger_from_url",
+    "shared_between_processes",
     "sqlite_target",
 ]
-
-_LATER = {
-    "postgresql": "PostgreSQL",
-    "postgres": "PostgreSQL",
-    "redis": "Redis",
-    "rediss": "Redis",
-}
 
 
 def ledger_from_url(url: str) -> LedgerStore:
@@ -65,22 +77,41 @@ def ledger_from_url(url: str) -> LedgerStore:
     if scheme == "sqlite":
         path, synchronous = sqlite_target(url)
         return SQLiteLedgerStore(path, synchronous=synchronous)
+    if scheme in ("postgresql", "postgres"):
+        return PostgresLedgerStore(_checked(url, "ledger"))
     raise _unsupported(url, "ledger")
 
 
 def budgets_from_url(
-    url: str, *, gateway_instance: str = "local", clock: Callable[[], datetime] = utcnow
+    url: str, *, gateway_instance: str = "local", clock: Callable[[], datetime] | None = None
 ) -> BudgetStore:
-    """The budget store ``url`` names; holds are tagged with ``gateway_instance``."""
+    """The budget store ``url`` names; holds are tagged with ``gateway_instance``.
+    Redis keeps the server's time unless a ``clock`` is given (tests)."""
     scheme = _scheme(url, "budgets")
     if scheme == "memory":
-        return MemoryBudgetStore(gateway_instance=gateway_instance, clock=clock)
+        return MemoryBudgetStore(gateway_instance=gateway_instance, clock=clock or utcnow)
     if scheme == "sqlite":
         path, synchronous = sqlite_target(url)
         return SQLiteBudgetStore(
-            path, gateway_instance=gateway_instance, clock=clock, synchronous=synchronous
+            path, gateway_instance=gateway_instance, clock=clock or utcnow, synchronous=synchronous
         )
+    if scheme in ("redis", "rediss"):
+        return RedisBudgetStore(url, gateway_instance=gateway_instance, clock=clock)
     raise _unsupported(url, "budgets")
+
+
+def instances_for(ledger: LedgerStore) -> InstanceRegistry:
+    """The heartbeat registry lives beside the ledger, the store every gateway shares."""
+    if isinstance(ledger, PostgresLedgerStore):
+        return PostgresInstanceRegistry(ledger.pool)
+    if isinstance(ledger, SQLiteLedgerStore):
+        return SQLiteInstanceRegistry(ledger.path)
+    return MemoryInstanceRegistry()
+
+
+def shared_between_processes(url: str) -> bool:
+    """Whether several processes can share the store ``url`` names (not ``memory://``)."""
+    return urlsplit(url).scheme.lower() != "memory"
 
 
 def sqlite_target(url: str) -> tuple[Path, Synchronous]:
@@ -104,12 +135,18 @@ def sqlite_target(url: str) -> tuple[Path, Synchronous]:
 
 def _scheme(url: str, store: str) -> str:
     scheme = urlsplit(url).scheme.lower()
-    if scheme in _LATER:
-        raise ConfigError(
-            f"stores.{store}: {_LATER[scheme]} ({scheme}://) is not available in this build "
-            "yet; use sqlite:///PATH or memory://"
-        )
+    wrong = {"ledger": ("redis", "rediss"), "budgets": ("postgresql", "postgres")}[store]
+    if scheme in wrong:
+        raise ConfigError(f"stores.{store}: {scheme}:// is not a {store} store")
     return scheme
+
+
+def _checked(url: str, store: str) -> str:
+    try:
+        postgres_target(url)
+    except ValueError as exc:
+        raise ConfigError(f"stores.{store}: {exc}") from exc
+    return url
 
 
 def _unsupported(url: str, store: str) -> ConfigError:

@@ -21,6 +21,7 @@ from typing import Any
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._migrations import migrations
 from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
 from ncap.stores.base import DuplicateAttempt, ImportResult
 
@@ -74,6 +75,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
         """,
     ),
+    *(m for m in migrations("sqlite") if m[0] > 1),  # 0002_instances.sql and later
 )
 
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
