@@ -48,13 +48,22 @@ def serve(
     config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option(help="Bind address")] = None,
     port: Annotated[int | None, typer.Option(help="Port")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Gateway processes on this port (shared stores only)")
+    ] = 1,
+    reuse_port: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> None:
     """Run the gateway."""
     from aiohttp import web
 
+    from ncap.cli.workers import refuse_unshared, supervise
     from ncap.http.app import create_app
 
     cfg = _config(config)
+    refusal = refuse_unshared(cfg, workers)
+    if refusal is not None:
+        err.print(f"[red]refusing to start[/red]: {refusal}", highlight=False)
+        raise typer.Exit(2)
     server = cfg.server.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
@@ -65,9 +74,21 @@ def serve(
             "with no API keys configured (create one with `ncap keys create`)."
         )
         raise typer.Exit(2)
+    if workers > 1:
+        args = ["--host", server.host, "--port", str(server.port)]
+        args += ["--config", str(config)] if config else []
+        err.print(f"ncap: {workers} workers on http://{server.host}:{server.port}")
+        raise typer.Exit(supervise(args, workers))
     _use_uvloop()
     err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
-    web.run_app(create_app(cfg), host=server.host, port=server.port, access_log=None, print=None)
+    web.run_app(
+        create_app(cfg),
+        host=server.host,
+        port=server.port,
+        access_log=None,
+        print=None,
+        reuse_port=reuse_port or None,
+    )
 
 
 def _use_uvloop() -> None:
@@ -130,9 +151,11 @@ def fake_upstream(
 
 def _mount() -> None:
     from ncap.cli.ledger import ledger_app, reconcile_app
+    from ncap.cli.stores import migrate
 
     app.add_typer(ledger_app, name="ledger")
     app.add_typer(reconcile_app, name="reconcile")
+    app.command("migrate")(migrate)
 
 
 _mount()

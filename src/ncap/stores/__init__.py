@@ -18,8 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from ncap.config import utcnow
 from ncap.errors import ConfigError
-from ncap.stores._postgres import postgres_target
-from ncap.stores._sqlite import Synchronous
+from ncap.stores._postgres import PostgresPool, postgres_target
+from ncap.stores._sqlite import Synchronous, sqlite_version
 from ncap.stores.base import (
     BudgetStore,
     DuplicateAttempt,
@@ -40,7 +40,7 @@ from ncap.stores.memory_budget import MemoryBudgetStore
 from ncap.stores.memory_ledger import MemoryLedgerStore
 from ncap.stores.peers import PeerWatch
 from ncap.stores.postgres_ledger import PostgresLedgerStore
-from ncap.stores.redis_budget import RedisBudgetStore
+from ncap.stores.redis_budget import SCRIPT_VERSION, RedisBudgetStore
 from ncap.stores.sqlite_budget import SQLiteBudgetStore
 from ncap.stores.sqlite_ledger import SQLiteLedgerStore
 
@@ -64,6 +64,7 @@ __all__ = [
     "hold_id_for",
     "instances_for",
     "ledger_from_url",
+    "migrate_stores",
     "shared_between_processes",
     "sqlite_target",
 ]
@@ -98,6 +99,32 @@ def budgets_from_url(
     if scheme in ("redis", "rediss"):
         return RedisBudgetStore(url, gateway_instance=gateway_instance, clock=clock)
     raise _unsupported(url, "budgets")
+
+
+async def migrate_stores(ledger_url: str, budgets_url: str) -> dict[str, dict[str, object]]:
+    """Open each store (which applies its pending migrations) and report its revision."""
+    return {
+        "ledger": await _migrate(ledger_url, "ledger"),
+        "budgets": await _migrate(budgets_url, "budgets"),
+    }
+
+
+async def _migrate(url: str, store: str) -> dict[str, object]:
+    scheme = _scheme(url, store)
+    if scheme in ("postgresql", "postgres"):
+        pool = PostgresPool(_checked(url, store), store=store)
+        try:
+            await pool.get()
+            return {"backend": "postgresql", "version": pool.version}
+        finally:
+            await pool.close()
+    if scheme == "sqlite":
+        opened = ledger_from_url(url) if store == "ledger" else budgets_from_url(url)
+        await opened.close()
+        return {"backend": "sqlite", "version": sqlite_version(sqlite_target(url)[0])}
+    if scheme in ("redis", "rediss"):
+        return {"backend": "redis", "version": SCRIPT_VERSION}
+    return {"backend": scheme, "version": None}
 
 
 def instances_for(ledger: LedgerStore) -> InstanceRegistry:

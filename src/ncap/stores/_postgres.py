@@ -47,15 +47,14 @@ def mapped(store: str = "ledger") -> Iterator[None]:
         raise StoreUnavailable(store, "PostgreSQL", type(exc).__name__) from exc
 
 
-async def migrate(
-    conn: asyncpg.Connection, schema: str | None, target: int | None = None
-) -> int:
+async def migrate(conn: asyncpg.Connection, schema: str | None, target: int | None = None) -> int:
     """Apply the revisions newer than ``schema_version`` (up to ``target``); returns
     the revision the database is at. Serialized by a transaction-scoped advisory lock."""
     steps: Sequence[Migration] = migrations("postgresql")
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('ncap-migrate:' || $1))",
-                           schema or "public")
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('ncap-migrate:' || $1))", schema or "public"
+        )
         if schema is not None:
             await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         await conn.execute(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-__all__ = ["Migration", "SQLiteReader", "SQLiteWriter", "migrate"]
+__all__ = ["Migration", "SQLiteReader", "SQLiteWriter", "migrate", "sqlite_version"]
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL"]
@@ -75,6 +75,18 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> int:
         conn.execute("ROLLBACK")
         raise
     return current
+
+
+def sqlite_version(path: Path) -> int:
+    """The schema revision a database file is at (0: never migrated)."""
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+        return int(row[0])
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        conn.close()
 
 
 class SQLiteWriter:

@@ -72,8 +72,9 @@ class _Write:
     kind: Literal["append", "update"]
     key: tuple[str, int]
     values: Any  # the encoded row (append) or the encoded fields (update)
-    future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop()
-                                         .create_future())
+    future: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class PostgresLedgerStore:
@@ -145,8 +146,9 @@ class PostgresLedgerStore:
     # -- reads -------------------------------------------------------------------------
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
-        rows = await self.pool.fetch(f"{_SELECT} WHERE request_id = $1 ORDER BY attempt",
-                                     request_id)
+        rows = await self.pool.fetch(
+            f"{_SELECT} WHERE request_id = $1 ORDER BY attempt", request_id
+        )
         return [_decode(r) for r in rows]
 
     async def export(
@@ -159,7 +161,11 @@ class PostgresLedgerStore:
                 " AND ($4::timestamptz IS NULL OR timestamp < $4)"
                 " AND ($5::timestamptz IS NULL OR (timestamp, request_id, attempt) > ($5, $2, $3))"
                 f" ORDER BY timestamp, request_id, attempt LIMIT {EXPORT_PAGE}",
-                since, after[1], after[2], until, after[0] if after[2] >= 0 else None,
+                since,
+                after[1],
+                after[2],
+                until,
+                after[0] if after[2] >= 0 else None,
             )
             for row in rows:
                 yield _decode(row)
