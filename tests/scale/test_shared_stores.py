@@ -85,10 +85,8 @@ async def test_600_requests_on_three_gateways_against_a_global_budget_of_150(
                     for i in range(600)
                 )
             )
-        await asyncio.sleep(0.5)  # settlements run just after the answers
-        events = await wait_for(
-            lambda: _settled(ledger_url, 150), timeout=20
-        )
+        # settlements run just after the answers
+        events = await wait_for(lambda: _settled(ledger_url, 150), timeout=20)
     statuses = Counter(r.status_code for r in replies)
     codes = Counter(r.json()["error"]["code"] for r in replies if r.status_code != 200)
     assert statuses == {200: 150, 429: 450}, (statuses, codes)
@@ -202,7 +200,7 @@ def _slow_route(fake_url: str) -> dict[str, Any]:
         "api_key_env": "NCAP_TEST_UPSTREAM_KEY",
         "timeout_s": 60,
         "retries": 0,
-        "headers": {"x-fake-fault": "latency=8000"},
+        "headers": {"x-fake-fault": "latency=12000"},
         "pricing": {"input_per_mtok": 0.15, "output_per_mtok": 0.6},
     }
 
