@@ -52,8 +52,17 @@ class PrivateRedis:
 
     def start(self) -> None:
         self._proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", str(self._workdir)],
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self._workdir),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -116,9 +116,7 @@ async def _settled(ledger_url: str, count: int) -> list[Any] | None:
 async def test_denied_rows_carry_the_budget_stores_scope(
     fake: tuple[str, FakeState], tmp_path: Path, stores: tuple[str, str]
 ) -> None:
-    config = shared_config(
-        fake[0], tmp_path, *stores, workloads={"default": {"usd_per_day": 0}}
-    )
+    config = shared_config(fake[0], tmp_path, *stores, workloads={"default": {"usd_per_day": 0}})
     with gateways(config, 1, tmp_path / "gw.log") as [gw]:
         async with client() as http:
             reply = await http.post(gw.url + "/v1/chat/completions", json=chat())
@@ -148,8 +146,9 @@ async def test_a_peer_leaves_in_flight_requests_alone_and_a_killed_one_is_swept(
         wait_ready(first)
         async with client() as http:
             doomed = [
-                asyncio.create_task(http.post(first.url + "/v1/chat/completions",
-                                              json=chat("slow-model")))
+                asyncio.create_task(
+                    http.post(first.url + "/v1/chat/completions", json=chat("slow-model"))
+                )
                 for _ in range(5)
             ]
             assert await wait_for(lambda: _upstream_in_flight(fake[1], 5), timeout=20)
@@ -184,8 +183,9 @@ async def test_a_peer_leaves_in_flight_requests_alone_and_a_killed_one_is_swept(
             stop(gw)
     events = await rows(ledger_url)
     dead = {e.gateway_instance for e in lost}
-    assert len(dead) == 1 and all(e.gateway_instance not in dead for e in events
-                                  if e.state == "settled")
+    assert len(dead) == 1 and all(
+        e.gateway_instance not in dead for e in events if e.state == "settled"
+    )
     kept = [h for h in await holds(budgets_url) if h.gateway_instance in dead]
     assert len(kept) == 5 and {h.state for h in kept} == {"kept"}
     assert {h.hold_id for h in kept} == {f"{e.request_id}#{e.attempt}" for e in lost}

@@ -22,7 +22,12 @@ async def _served(http: Client, url: str) -> bool:
 
 
 async def _outage_then_recovery(
-    http: Client, url: str, fake: FakeState, store: str, cut: Callable[[], None], restore: Callable[[], None]
+    http: Client,
+    url: str,
+    fake: FakeState,
+    store: str,
+    cut: Callable[[], None],
+    restore: Callable[[], None],
 ) -> None:
     ok = await http.post(url + "/v1/chat/completions", json=chat())
     assert ok.status_code == 200, ok.text

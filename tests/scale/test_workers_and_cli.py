@@ -91,8 +91,14 @@ async def test_export_and_reconcile_on_postgresql(
         export = tmp_path / "usage.jsonl"
         export.write_text(
             "".join(
-                json.dumps({"provider_request_id": e.provider_request_id, "input_tokens": 40,
-                            "output_tokens": 100}) + "\n"
+                json.dumps(
+                    {
+                        "provider_request_id": e.provider_request_id,
+                        "input_tokens": 40,
+                        "output_tokens": 100,
+                    }
+                )
+                + "\n"
                 for e in before
             )
         )
@@ -112,7 +118,8 @@ async def test_export_and_reconcile_on_postgresql(
         assert [e["state"] for e in lines] == ["reconciled", "reconciled"]
         assert {e["quota_scope"] for e in lines} == {"global"}
         pending = await asyncio.to_thread(
-            runner.invoke, cli, ["reconcile", "list", "--format", "json", "--config",
-                                 str(config_path)]
+            runner.invoke,
+            cli,
+            ["reconcile", "list", "--format", "json", "--config", str(config_path)],
         )
         assert json.loads(pending.stdout) == []

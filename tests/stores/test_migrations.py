@@ -89,10 +89,16 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
         assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 2}
         conn = await asyncpg.connect(url)
         try:
-            tables = {r[0] for r in await conn.fetch(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
-            versions = [r[0] for r in await conn.fetch(
-                "SELECT version FROM schema_version ORDER BY version")]
+            tables = {
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                )
+            }
+            versions = [
+                r[0]
+                for r in await conn.fetch("SELECT version FROM schema_version ORDER BY version")
+            ]
         finally:
             await conn.close()
         assert {"ledger_events", "gateway_instances", "schema_version"} <= tables

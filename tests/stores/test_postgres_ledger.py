@@ -12,8 +12,8 @@ import pytest
 import ncap.stores.postgres_ledger as pg
 from ncap.errors import StoreUnavailable
 from ncap.stores import DuplicateAttempt, PostgresLedgerStore
-from tests.services import PG_URL, pg_schema
 from tests.servers import free_port, tcp_proxy
+from tests.services import PG_URL, pg_schema
 from tests.stores.test_sqlite_ledger import event
 
 pytestmark = pytest.mark.postgresql

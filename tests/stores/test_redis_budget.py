@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.errors import StoreUnavailable
 from ncap.stores import RedisBudgetStore
-from tests.services import REDIS_URL, redis_prefix
 from tests.servers import free_port, private_redis
+from tests.services import REDIS_URL, redis_prefix
 
 pytestmark = pytest.mark.redis
 
