@@ -120,7 +120,12 @@ class PostgresLedgerStore:
                 batch = [w for w in self._queue[: self._max_batch] if not w.future.done()]
                 del self._queue[: self._max_batch]
                 if batch:
-                    await self._commit(batch)
+                    try:
+                        await self._commit(batch)
+                    except Exception as exc:  # never leave a caller waiting on a dead writer
+                        for write in batch:
+                            if not write.future.done():
+                                write.future.set_exception(exc)
             if self._closed:
                 return
 
