@@ -27,7 +27,9 @@ __all__ = [
     "ExceptionGrant",
     "KeyEntry",
     "Pricing",
+    "Reports",
     "Route",
+    "Thresholds",
     "Workload",
     "default_config",
     "load_config",
@@ -210,6 +212,35 @@ class Route(_Model):
         return self
 
 
+class Thresholds(_Model):
+    """What the audit and the daily report flag (``reports.thresholds``); None: no check."""
+
+    output_tokens_per_request_p95: int | None = Field(None, ge=0)
+    output_tokens_per_request_mean: float | None = Field(None, ge=0)
+    denial_rate: float | None = Field(0.05, ge=0, le=1)
+    mismatch_rate: float | None = Field(0.0, ge=0, le=1)
+    pending_count: int | None = Field(None, ge=0)
+    pending_age: str | None = "24h"
+    exception_budget_warn: float = Field(0.8, gt=0, le=1)
+    distribution_shift_psi: float = Field(0.2, gt=0)
+    shift_min_requests: int = Field(100, ge=1)
+
+    @field_validator("pending_age")
+    @classmethod
+    def _age(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    @property
+    def pending_age_delta(self) -> timedelta | None:
+        return parse_duration(self.pending_age) if self.pending_age else None
+
+
+class Reports(_Model):
+    thresholds: Thresholds = Thresholds()
+
+
 class Config(_Model):
     server: Server = Server()
     stores: Stores = Stores()
@@ -219,6 +250,7 @@ class Config(_Model):
     exceptions: list[ExceptionGrant] = []
     models: dict[str, list[str]] = {}
     routes: dict[str, Route] = {}
+    reports: Reports = Reports()
 
     @model_validator(mode="after")
     def _references(self) -> Config:

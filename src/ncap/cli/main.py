@@ -133,6 +133,11 @@ def _mount() -> None:
 
     app.add_typer(ledger_app, name="ledger")
     app.add_typer(reconcile_app, name="reconcile")
+    from ncap.cli.reports import audit, generate, report_app
+
+    app.command("audit")(audit)
+    app.add_typer(report_app, name="report")
+    ledger_app.command("generate")(generate)
 
 
 _mount()

@@ -1,0 +1,143 @@
+"""Where the report's SQL runs: a read-only connection to the configured ledger.
+
+The report never goes through ``LedgerStore`` (which pages events one by one): it
+sends a handful of aggregate queries written in the SQL that SQLite and PostgreSQL
+share (``COUNT``/``SUM``/``MIN``/``MAX``, ``CASE``, ``GROUP BY``, sub-selects; no
+``FILTER``, no ``percentile_cont``, no date functions). Placeholders are written
+``?`` and a source rewrites them for its driver; timestamps are passed through
+``stamp()`` because SQLite stores them as fixed-width UTC text while a PostgreSQL
+ledger may use ``timestamptz``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from ncap.errors import ConfigError
+from ncap.stores import sqlite_target
+
+__all__ = [
+    "LedgerSource",
+    "PostgresSource",
+    "SQLiteSource",
+    "parse_stamp",
+    "source_from_url",
+]
+
+Row = tuple[Any, ...]
+# above this share of the ledger, a window is read by scanning the table (SQLite)
+WIDE_WINDOW = 0.15
+SORT_CACHE_KIB = 256 * 1024
+
+
+class LedgerSource(Protocol):
+    """Runs read-only aggregate SQL against one ledger."""
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+    def stamp(self, value: datetime) -> Any: ...
+
+    def scan(self, start: Any, end: Any) -> str:
+        """The ``FROM`` target for reading the rows of ``[start, end)`` (stamped)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SQLiteSource:
+    """A read-only (``mode=ro``) connection to the SQLite ledger file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise ConfigError(f"ledger {self.path} does not exist")
+        self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        self._conn.execute("PRAGMA query_only = 1")
+        # GROUP BY sorts every input row; keep the sort in memory instead of spilling
+        self._conn.execute("PRAGMA temp_store = MEMORY")
+        self._conn.execute(f"PRAGMA cache_size = -{SORT_CACHE_KIB}")
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return list(self._conn.execute(sql, tuple(params)))
+
+    def stamp(self, value: datetime) -> Any:
+        # the same fixed-width text as stores/sqlite_ledger.py writes
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def scan(self, start: Any, end: Any) -> str:
+        """SQLite has no histogram for ranges: it walks the timestamp index and looks
+        every row up, about 4x slower than reading the table when the window holds much
+        of the ledger. Count the window on the index (cheap) and pick."""
+        total = self._conn.execute("SELECT COUNT(*) FROM ledger_events").fetchone()[0]
+        inside = self._conn.execute(
+            "SELECT COUNT(*) FROM ledger_events WHERE timestamp >= ? AND timestamp < ?",
+            (start, end),
+        ).fetchone()[0]
+        wide = total and inside / total > WIDE_WINDOW
+        return "ledger_events NOT INDEXED" if wide else "ledger_events"
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class PostgresSource:
+    """The PostgreSQL ledger through psycopg (3), when it is installed."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            psycopg: Any = importlib.import_module("psycopg")
+        except ImportError as exc:
+            raise ConfigError("reports on a PostgreSQL ledger need the psycopg package") from exc
+        self._conn = psycopg.connect(url, autocommit=True)
+        self._text_stamps = self._stamps_are_text()
+
+    def _stamps_are_text(self) -> bool:
+        rows = self._conn.execute(
+            "SELECT data_type FROM information_schema.columns"
+            " WHERE table_name = 'ledger_events' AND column_name = 'timestamp'"
+        ).fetchall()
+        return bool(rows) and str(rows[0][0]) in ("text", "character varying")
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        rows: list[Row] = self._conn.execute(sql.replace("?", "%s"), tuple(params)).fetchall()
+        return rows
+
+    def scan(self, start: Any, end: Any) -> str:
+        return "ledger_events"  # PostgreSQL's planner has range statistics
+
+    def stamp(self, value: datetime) -> Any:
+        if self._text_stamps:
+            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return value.astimezone(UTC)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def source_from_url(url: str) -> LedgerSource:
+    """The read-only source for the ledger URL of ``stores.ledger``."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "sqlite":
+        path, _ = sqlite_target(url)
+        return SQLiteSource(path)
+    if scheme in ("postgresql", "postgres"):
+        return PostgresSource(url)
+    if scheme == "memory":
+        raise ConfigError("a memory:// ledger is gone when its gateway stops; nothing to report")
+    raise ConfigError(f"stores.ledger: unsupported store URL {url!r}")
+
+
+def parse_stamp(value: Any) -> datetime | None:
+    """A timestamp as the driver returned it (text from SQLite, datetime from psycopg)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
