@@ -96,8 +96,9 @@ def daily(
     _run(cfg, ledger, day_window(chosen), "daily", fmt)
 
 
-def _run(cfg: Config, ledger: str | None, window: Window, kind: Literal["audit", "daily"],
-         fmt: Format) -> None:
+def _run(
+    cfg: Config, ledger: str | None, window: Window, kind: Literal["audit", "daily"], fmt: Format
+) -> None:
     try:
         source = source_from_url(ledger or cfg.stores.ledger)
     except ConfigError as exc:
@@ -174,9 +175,7 @@ def generate(
     started = datetime.now()
     with Progress(console=err, disable=not sys.stdout.isatty(), transient=True) as progress:
         task = progress.add_task("writing rows", total=rows)
-        written = generate_ledger(
-            out, spec, progress=lambda n: progress.update(task, completed=n)
-        )
+        written = generate_ledger(out, spec, progress=lambda n: progress.update(task, completed=n))
     seconds = (datetime.now() - started).total_seconds()
     err.print(f"wrote {written:,} rows to {out} in {seconds:.1f} s", highlight=False)
     if write_config:

@@ -25,6 +25,7 @@ from ncap.accounting import Accounting, Caller
 from ncap.admission import Admission
 from ncap.config import Config
 from ncap.errors import BodyTooLarge, ConfigError, InvalidApiKey, NcapError
+from ncap.http.dashboard import add_dashboard_routes
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers.base import Provider
@@ -316,6 +317,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    add_dashboard_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
         await accounting.start()

@@ -41,6 +41,7 @@ from ncap.reports.model import (
     PendingRow,
     Report,
     RouteMismatch,
+    Severity,
     ShiftResult,
     SpendRow,
     Totals,
@@ -209,7 +210,11 @@ def build_report(
         alerts=[],
         elapsed_ms=0.0,
     )
-    alerts = [*_threshold_alerts(report, limits, now), *_shift_alerts(shift), *extra_alerts]
+    alerts = [
+        *_threshold_alerts(report, limits, now),
+        *_shift_alerts(shift, limits.distribution_shift_psi),
+        *extra_alerts,
+    ]
     elapsed = round((time.perf_counter() - started) * 1000, 1)
     return _with(report, alerts=alerts, elapsed_ms=elapsed)
 
@@ -433,14 +438,14 @@ def _denials(cells: list[_Cell]) -> list[DenialRow]:
     for c in cells:
         if c.policy_result == "deny":
             counts[(c.policy_reason, c.workload_id)] += c.requests
-    return [DenialRow(r, w, n) for (r, w), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return [
+        DenialRow(r, w, n) for (r, w), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
 
 
 def _pending(source: LedgerSource, window: Window) -> list[PendingRow]:
     rows = source.query(_PENDING_SQL, (source.stamp(window.end),))
-    found = [
-        PendingRow(str(r[0]), r[1], _int(r[2]), _int(r[3]), parse_stamp(r[4])) for r in rows
-    ]
+    found = [PendingRow(str(r[0]), r[1], _int(r[2]), _int(r[3]), parse_stamp(r[4])) for r in rows]
     return sorted(found, key=lambda p: (p.state, p.reason or ""))
 
 
@@ -504,42 +509,50 @@ def _shift_one(
     return ShiftResult(key, psi, n_cur, n_prev, status, cur, prev)
 
 
-def _shift_alerts(shift: list[ShiftResult]) -> list[Alert]:
-    return [
-        Alert(
-            "distribution_shift",
-            "warning",
-            "requested_candidates_shift",
-            f"requested-candidate mix of {'all workloads' if s.workload_id == '*' else s.workload_id}"
-            f" shifted from the previous window (PSI {s.psi:.3f})",
-            s.psi,
-            None,
+def _shift_alerts(shift: list[ShiftResult], limit: float) -> list[Alert]:
+    alerts = []
+    for s in shift:
+        if s.status != "shift":
+            continue
+        scope = "all workloads" if s.workload_id == "*" else s.workload_id
+        message = (
+            f"requested-candidate mix of {scope} shifted from the previous window "
+            f"(PSI {s.psi:.3f} > {limit:g})"
         )
-        for s in shift
-        if s.status == "shift"
-    ]
+        alerts.append(
+            Alert(
+                "distribution_shift", "warning", "requested_candidates_shift", message, s.psi, limit
+            )
+        )
+    return alerts
 
 
 def _threshold_alerts(report: Report, t: Thresholds, now: datetime) -> list[Alert]:
     alerts: list[Alert] = []
     overall = report.output[0] if report.output else None
-    if overall and t.output_tokens_per_request_p95 is not None and overall.p95 is not None:
-        if overall.p95 > t.output_tokens_per_request_p95:
-            alerts.append(_alert("output_p95_above_threshold", "output tokens per request p95",
-                                 overall.p95, t.output_tokens_per_request_p95))
-    if overall and t.output_tokens_per_request_mean is not None and overall.mean is not None:
-        if overall.mean > t.output_tokens_per_request_mean:
-            alerts.append(_alert("output_mean_above_threshold", "output tokens per request mean",
-                                 overall.mean, t.output_tokens_per_request_mean))
+    p95, mean = (overall.p95, overall.mean) if overall else (None, None)
+    p95_limit, mean_limit = t.output_tokens_per_request_p95, t.output_tokens_per_request_mean
+    if p95 is not None and p95_limit is not None and p95 > p95_limit:
+        alerts.append(
+            _alert("output_p95_above_threshold", "output tokens per request p95", p95, p95_limit)
+        )
+    if mean is not None and mean_limit is not None and mean > mean_limit:
+        alerts.append(
+            _alert(
+                "output_mean_above_threshold", "output tokens per request mean", mean, mean_limit
+            )
+        )
     alerts += _rate_alerts(report, t)
     alerts += _pending_alerts(report, t, now)
     alerts += _exception_alerts(report, t)
     return alerts
 
 
-def _alert(code: str, what: str, value: float, limit: float, severity: str = "warning") -> Alert:
-    return Alert("threshold", severity, code, f"{what} is {value:g}, above {limit:g}",  # type: ignore[arg-type]
-                 float(value), float(limit))
+def _alert(
+    code: str, what: str, value: float, limit: float, severity: Severity = "warning"
+) -> Alert:
+    message = f"{what} is {value:g}, above {limit:g}"
+    return Alert("threshold", severity, code, message, float(value), float(limit))
 
 
 def _rate_alerts(report: Report, t: Thresholds) -> list[Alert]:
@@ -548,14 +561,24 @@ def _rate_alerts(report: Report, t: Thresholds) -> list[Alert]:
     if t.denial_rate is not None and total:
         rate = report.totals.denied_requests / total
         if rate > t.denial_rate:
-            alerts.append(_alert("denial_rate_above_threshold", "denial rate", round(rate, 6),
-                                 t.denial_rate))
+            alerts.append(
+                _alert("denial_rate_above_threshold", "denial rate", round(rate, 6), t.denial_rate)
+            )
     allowed = total - report.totals.denied_requests
-    bad = sum(m.requests for m in report.mismatches
-              if m.kind in ("fewer_returned", "more_returned", "requested_altered"))
+    bad = sum(
+        m.requests
+        for m in report.mismatches
+        if m.kind in ("fewer_returned", "more_returned", "requested_altered")
+    )
     if t.mismatch_rate is not None and allowed and bad / allowed > t.mismatch_rate:
-        alerts.append(_alert("mismatch_rate_above_threshold", "requested/effective/returned "
-                             "mismatch rate", round(bad / allowed, 6), t.mismatch_rate))
+        alerts.append(
+            _alert(
+                "mismatch_rate_above_threshold",
+                "requested/effective/returned mismatch rate",
+                round(bad / allowed, 6),
+                t.mismatch_rate,
+            )
+        )
     return alerts
 
 
@@ -563,13 +586,25 @@ def _pending_alerts(report: Report, t: Thresholds, now: datetime) -> list[Alert]
     alerts = []
     pending = report.pending_total
     if t.pending_count is not None and pending.count > t.pending_count:
-        alerts.append(_alert("pending_count_above_threshold", "pending reconciliation count",
-                             pending.count, t.pending_count))
+        alerts.append(
+            _alert(
+                "pending_count_above_threshold",
+                "pending reconciliation count",
+                pending.count,
+                t.pending_count,
+            )
+        )
     age = t.pending_age_delta
     if age is not None and pending.oldest is not None and now - pending.oldest > age:
         hours = (now - pending.oldest).total_seconds() / 3600
-        alerts.append(_alert("pending_older_than_threshold", "oldest pending row age (hours)",
-                             round(hours, 2), age.total_seconds() / 3600))
+        alerts.append(
+            _alert(
+                "pending_older_than_threshold",
+                "oldest pending row age (hours)",
+                round(hours, 2),
+                age.total_seconds() / 3600,
+            )
+        )
     return alerts
 
 
@@ -577,19 +612,46 @@ def _exception_alerts(report: Report, t: Thresholds) -> list[Alert]:
     alerts = []
     for e in report.exceptions:
         if e.used_fraction is not None and e.used_fraction >= 1:
-            alerts.append(_alert("exception_budget_exhausted", f"exception {e.id} budget used",
-                                 e.used_fraction, 1.0, "critical"))
+            alerts.append(
+                _alert(
+                    "exception_budget_exhausted",
+                    f"exception {e.id} budget used",
+                    e.used_fraction,
+                    1.0,
+                    "critical",
+                )
+            )
         elif e.used_fraction is not None and e.used_fraction >= t.exception_budget_warn:
-            alerts.append(_alert("exception_budget_warning", f"exception {e.id} budget used",
-                                 e.used_fraction, t.exception_budget_warn))
+            alerts.append(
+                _alert(
+                    "exception_budget_warning",
+                    f"exception {e.id} budget used",
+                    e.used_fraction,
+                    t.exception_budget_warn,
+                )
+            )
         if e.requests_after_expiry:
-            alerts.append(Alert("threshold", "critical", "expired_exception_in_use",
-                                f"exception {e.id} expired but {e.requests_after_expiry} "
-                                "request(s) used it after expiry",
-                                float(e.requests_after_expiry), 0.0))
+            alerts.append(
+                Alert(
+                    "threshold",
+                    "critical",
+                    "expired_exception_in_use",
+                    f"exception {e.id} expired but {e.requests_after_expiry} "
+                    "request(s) used it after expiry",
+                    float(e.requests_after_expiry),
+                    0.0,
+                )
+            )
         if e.status == "not_in_config" and e.requests_window:
-            alerts.append(Alert("threshold", "warning", "unknown_exception_in_use",
-                                f"exception {e.id} is not in the config but "
-                                f"{e.requests_window} request(s) in the window used it",
-                                float(e.requests_window), 0.0))
+            alerts.append(
+                Alert(
+                    "threshold",
+                    "warning",
+                    "unknown_exception_in_use",
+                    f"exception {e.id} is not in the config but "
+                    f"{e.requests_window} request(s) in the window used it",
+                    float(e.requests_window),
+                    0.0,
+                )
+            )
     return alerts

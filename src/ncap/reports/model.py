@@ -22,6 +22,7 @@ __all__ = [
     "PendingRow",
     "Report",
     "RouteMismatch",
+    "Severity",
     "ShiftResult",
     "SpendRow",
     "Totals",
@@ -68,8 +69,13 @@ class MismatchRow:
     """Allowed requests of one workload by how requested/effective/returned compare."""
 
     workload_id: str
-    kind: Literal["omitted_normalized", "requested_altered", "fewer_returned", "more_returned",
-                  "none_returned"]
+    kind: Literal[
+        "omitted_normalized",
+        "requested_altered",
+        "fewer_returned",
+        "more_returned",
+        "none_returned",
+    ]
     requests: int
 
 

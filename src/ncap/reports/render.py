@@ -68,48 +68,144 @@ def _tables(r: Report) -> list[Table]:
     head = _table(
         f"ncap {r.kind}: {_when(r.window.start)} → {_when(r.window.end)}",
         ["requests", "attempts", "denied", "spend", "input tokens", "output tokens"],
-        [[_n(t.requests), _n(t.attempts), _n(t.denied_requests), _usd(t.cost_micros),
-          _n(t.input_tokens), _n(t.output_tokens)]],
+        [
+            [
+                _n(t.requests),
+                _n(t.attempts),
+                _n(t.denied_requests),
+                _usd(t.cost_micros),
+                _n(t.input_tokens),
+                _n(t.output_tokens),
+            ]
+        ],
     )
     pend = r.pending_total
     return [
         head,
-        _table("alerts", ["severity", "source", "code", "message"],
-               [[a.severity, a.source, a.code, a.message] for a in r.alerts]),
-        _table("requested-candidate distribution", ["workload", "route", "requested n",
-               "requests"], [[d.workload_id, d.route_id or "–", _req(d.requested),
-                              _n(d.requests)] for d in r.distribution]),
-        _table("distribution shift (PSI vs previous window)", ["workload", "PSI", "requests",
-               "previous", "status"], [[s.workload_id, _n(s.psi), _n(s.current_requests),
-                                        _n(s.previous_requests), s.status] for s in r.shift]),
-        _table("requested vs effective vs returned (requests)", ["workload", "kind",
-               "requests"], [[m.workload_id, m.kind, _n(m.requests)] for m in r.mismatches]),
-        _table("returned-count mismatches by route (attempts)", ["route", "attempts",
-               "returned_mismatch"], [[m.route_id or "–", _n(m.attempts),
-                                       _n(m.returned_mismatch)] for m in r.route_mismatches]),
-        _table("aggregate output tokens", ["workload", "requests", "mean / request",
-               "p50", "p95", "per returned choice"],
-               [[o.workload_id, _n(o.requests), _n(o.mean), _n(o.p50), _n(o.p95),
-                 _n(o.per_choice)] for o in r.output]),
-        _table("exceptions", ["id", "workload", "owner", "max n", "expires", "status",
-               "requests (window)", "spent", "held", "budget", "used", "after expiry"],
-               [[e.id, e.workload or "–", e.owner or "–", _n(e.max_candidates),
-                 _when(e.expires), e.status, _n(e.requests_window), _usd(e.spent_micros),
-                 _usd(e.held_micros), _usd(e.budget_micros), _pct(e.used_fraction),
-                 _n(e.requests_after_expiry)] for e in r.exceptions]),
-        _table("denials by reason", ["reason", "workload", "requests"],
-               [[d.reason, d.workload_id, _n(d.requests)] for d in r.denials]),
-        _table(f"pending reconciliation: {_n(pend.count)} rows, {_usd(pend.reserved_cost_micros)}"
-               f" held, oldest {_when(pend.oldest)}", ["state", "reason", "count",
-               "reserved cost held", "oldest"],
-               [[p.state, p.reason or "–", _n(p.count), _usd(p.reserved_cost_micros),
-                 _when(p.oldest)] for p in r.pending]),
-        *(_table(f"spend by {name}", [name, "requests", "attempts", "spend", "held",
-                 "output tokens"], [[s.key or "–", _n(s.requests), _n(s.attempts),
-                                     _usd(s.cost_micros), _usd(s.held_micros),
-                                     _n(s.output_tokens)] for s in rows])
-          for name, rows in (("workload", r.spend_by_workload), ("route", r.spend_by_route),
-                             ("model", r.spend_by_model))),
+        _table(
+            "alerts",
+            ["severity", "source", "code", "message"],
+            [[a.severity, a.source, a.code, a.message] for a in r.alerts],
+        ),
+        _table(
+            "requested-candidate distribution",
+            ["workload", "route", "requested n", "requests"],
+            [
+                [d.workload_id, d.route_id or "–", _req(d.requested), _n(d.requests)]
+                for d in r.distribution
+            ],
+        ),
+        _table(
+            "distribution shift (PSI vs previous window)",
+            ["workload", "PSI", "requests", "previous", "status"],
+            [
+                [
+                    s.workload_id,
+                    _n(s.psi),
+                    _n(s.current_requests),
+                    _n(s.previous_requests),
+                    s.status,
+                ]
+                for s in r.shift
+            ],
+        ),
+        _table(
+            "requested vs effective vs returned (requests)",
+            ["workload", "kind", "requests"],
+            [[m.workload_id, m.kind, _n(m.requests)] for m in r.mismatches],
+        ),
+        _table(
+            "returned-count mismatches by route (attempts)",
+            ["route", "attempts", "returned_mismatch"],
+            [
+                [m.route_id or "–", _n(m.attempts), _n(m.returned_mismatch)]
+                for m in r.route_mismatches
+            ],
+        ),
+        _table(
+            "aggregate output tokens",
+            ["workload", "requests", "mean / request", "p50", "p95", "per returned choice"],
+            [
+                [o.workload_id, _n(o.requests), _n(o.mean), _n(o.p50), _n(o.p95), _n(o.per_choice)]
+                for o in r.output
+            ],
+        ),
+        _table(
+            "exceptions",
+            [
+                "id",
+                "workload",
+                "owner",
+                "max n",
+                "expires",
+                "status",
+                "requests (window)",
+                "spent",
+                "held",
+                "budget",
+                "used",
+                "after expiry",
+            ],
+            [
+                [
+                    e.id,
+                    e.workload or "–",
+                    e.owner or "–",
+                    _n(e.max_candidates),
+                    _when(e.expires),
+                    e.status,
+                    _n(e.requests_window),
+                    _usd(e.spent_micros),
+                    _usd(e.held_micros),
+                    _usd(e.budget_micros),
+                    _pct(e.used_fraction),
+                    _n(e.requests_after_expiry),
+                ]
+                for e in r.exceptions
+            ],
+        ),
+        _table(
+            "denials by reason",
+            ["reason", "workload", "requests"],
+            [[d.reason, d.workload_id, _n(d.requests)] for d in r.denials],
+        ),
+        _table(
+            f"pending reconciliation: {_n(pend.count)} rows, {_usd(pend.reserved_cost_micros)}"
+            f" held, oldest {_when(pend.oldest)}",
+            ["state", "reason", "count", "reserved cost held", "oldest"],
+            [
+                [
+                    p.state,
+                    p.reason or "–",
+                    _n(p.count),
+                    _usd(p.reserved_cost_micros),
+                    _when(p.oldest),
+                ]
+                for p in r.pending
+            ],
+        ),
+        *(
+            _table(
+                f"spend by {name}",
+                [name, "requests", "attempts", "spend", "held", "output tokens"],
+                [
+                    [
+                        s.key or "–",
+                        _n(s.requests),
+                        _n(s.attempts),
+                        _usd(s.cost_micros),
+                        _usd(s.held_micros),
+                        _n(s.output_tokens),
+                    ]
+                    for s in rows
+                ],
+            )
+            for name, rows in (
+                ("workload", r.spend_by_workload),
+                ("route", r.spend_by_route),
+                ("model", r.spend_by_model),
+            )
+        ),
     ]
 
 
@@ -130,28 +226,47 @@ def charts(r: Report) -> dict[str, Markup]:
         cur_n = sum(overall.current.values()) or 1
         prev_n = sum(overall.previous.values()) or 1
         buckets = sorted(set(overall.current) | set(overall.previous), key=_bucket_order)
-        mix = [(f"n={b}", overall.current.get(b, 0) / cur_n, overall.previous.get(b, 0) / prev_n)
-               for b in buckets]
+        mix = [
+            (f"n={b}", overall.current.get(b, 0) / cur_n, overall.previous.get(b, 0) / prev_n)
+            for b in buckets
+        ]
     by_workload: dict[str, int] = defaultdict(int)
     for d in r.distribution:
         if d.requested is not None and d.requested > 1:
             by_workload[d.workload_id] += d.requests
     return {
         "mix": paired_bar_chart("chart-mix", "requested-candidate mix", mix),
-        "multi": bar_chart("chart-multi", "requests with n > 1 by workload",
-                           sorted(by_workload.items(), key=lambda kv: -kv[1])),
-        "spend": bar_chart("chart-spend", "spend by workload (USD)",
-                           [(s.key or "–", s.cost_micros / 1e6) for s in r.spend_by_workload],
-                           fmt=lambda v: f"${v:,.2f}"),
-        "output": bar_chart("chart-output", "output tokens per request, p95",
-                            [(o.workload_id if o.workload_id != "*" else "all workloads",
-                              float(o.p95 or 0)) for o in r.output]),
-        "denials": bar_chart("chart-denials", "denials by reason",
-                             _sum_by(((d.reason, d.requests) for d in r.denials))),
-        "exceptions": bar_chart("chart-exceptions", "exception budget used",
-                                [(e.id, e.used_fraction) for e in r.exceptions
-                                 if e.used_fraction is not None],
-                                fmt=lambda v: f"{v:.0%}", limit=1.0),
+        "multi": bar_chart(
+            "chart-multi",
+            "requests with n > 1 by workload",
+            sorted(by_workload.items(), key=lambda kv: -kv[1]),
+        ),
+        "spend": bar_chart(
+            "chart-spend",
+            "spend by workload (USD)",
+            [(s.key or "–", s.cost_micros / 1e6) for s in r.spend_by_workload],
+            fmt=lambda v: f"${v:,.2f}",
+        ),
+        "output": bar_chart(
+            "chart-output",
+            "output tokens per request, p95",
+            [
+                (o.workload_id if o.workload_id != "*" else "all workloads", float(o.p95 or 0))
+                for o in r.output
+            ],
+        ),
+        "denials": bar_chart(
+            "chart-denials",
+            "denials by reason",
+            _sum_by((d.reason, d.requests) for d in r.denials),
+        ),
+        "exceptions": bar_chart(
+            "chart-exceptions",
+            "exception budget used",
+            [(e.id, e.used_fraction) for e in r.exceptions if e.used_fraction is not None],
+            fmt=lambda v: f"{v:.0%}",
+            limit=1.0,
+        ),
     }
 
 

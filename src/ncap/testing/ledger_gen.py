@@ -61,16 +61,66 @@ class _Profile:
 
 
 _PROFILES = (
-    _Profile("support-draft", 0.45, "approved-standard", ("primary-chat", "secondary-chat"),
-             ((None, 0.7), (1, 0.3)), 1, None, 512, 0.3, 180.0),
-    _Profile("support-eval", 0.15, "approved-standard", ("primary-chat", "secondary-chat"),
-             ((4, 0.9), (1, 0.07), (6, 0.03)), 1, "eval-q4", 512, 0.0, 220.0),
-    _Profile("brainstorm", 0.15, "emulated", ("emulated-chat",),
-             ((2, 0.6), (3, 0.4)), 1, "brainstorm-3", 256, 0.0, 120.0),
-    _Profile("batch-summarize", 0.15, "smollm2", ("local-smollm2",),
-             ((None, 1.0),), 1, None, 1024, 1.0, 300.0),
-    _Profile("ranker", 0.10, "approved-standard", ("primary-chat", "secondary-chat"),
-             ((3, 0.95), (None, 0.05)), 1, "ranker-3", 128, 0.0, 60.0),
+    _Profile(
+        "support-draft",
+        0.45,
+        "approved-standard",
+        ("primary-chat", "secondary-chat"),
+        ((None, 0.7), (1, 0.3)),
+        1,
+        None,
+        512,
+        0.3,
+        180.0,
+    ),
+    _Profile(
+        "support-eval",
+        0.15,
+        "approved-standard",
+        ("primary-chat", "secondary-chat"),
+        ((4, 0.9), (1, 0.07), (6, 0.03)),
+        1,
+        "eval-q4",
+        512,
+        0.0,
+        220.0,
+    ),
+    _Profile(
+        "brainstorm",
+        0.15,
+        "emulated",
+        ("emulated-chat",),
+        ((2, 0.6), (3, 0.4)),
+        1,
+        "brainstorm-3",
+        256,
+        0.0,
+        120.0,
+    ),
+    _Profile(
+        "batch-summarize",
+        0.15,
+        "smollm2",
+        ("local-smollm2",),
+        ((None, 1.0),),
+        1,
+        None,
+        1024,
+        1.0,
+        300.0,
+    ),
+    _Profile(
+        "ranker",
+        0.10,
+        "approved-standard",
+        ("primary-chat", "secondary-chat"),
+        ((3, 0.95), (None, 0.05)),
+        1,
+        "ranker-3",
+        128,
+        0.0,
+        60.0,
+    ),
 )
 _SHIFTED = ((None, 0.4), (1, 0.2), (2, 0.4))
 
@@ -100,27 +150,41 @@ def synthetic_config(spec: LedgerSpec, ledger_path: str | Path) -> dict[str, Any
     ledger ``spec`` generates, with ``stores.ledger`` pointing at ``ledger_path``."""
     end = spec.resolved_end()
     names = {p.name: spec.rename.get(p.name, p.name) for p in _PROFILES}
-    route = {"provider": "openai", "base_url": "http://127.0.0.1:9100/v1",
-             "contract": {"candidates": "native", "max_candidates": 8}}
+    route = {
+        "provider": "openai",
+        "base_url": "http://127.0.0.1:9100/v1",
+        "contract": {"candidates": "native", "max_candidates": 8},
+    }
     return {
-        "stores": {"ledger": f"sqlite:///{Path(ledger_path).resolve()}",
-                   "budgets": "memory://"},
-        "workloads": {"default": {"max_candidates": 1}} | {
+        "stores": {"ledger": f"sqlite:///{Path(ledger_path).resolve()}", "budgets": "memory://"},
+        "workloads": {"default": {"max_candidates": 1}}
+        | {
             names[p.name]: {"max_candidates": p.max_candidates, "output_ceiling": p.ceiling}
             for p in _PROFILES
         },
         "exceptions": [_exception(e, names, end) for e in _EXCEPTIONS],
-        "models": {"approved-standard": ["primary-chat", "secondary-chat"],
-                   "emulated": ["emulated-chat"], "smollm2": ["local-smollm2"]},
+        "models": {
+            "approved-standard": ["primary-chat", "secondary-chat"],
+            "emulated": ["emulated-chat"],
+            "smollm2": ["local-smollm2"],
+        },
         "routes": {
-            rid: {**route, "upstream_model": model,
-                  "pricing": {"input_per_mtok": pin, "output_per_mtok": pout}}
-            if rid != "local-smollm2" else {"provider": "local", "contract": {
-                "candidates": "native", "max_candidates": 32}}
+            rid: {
+                **route,
+                "upstream_model": model,
+                "pricing": {"input_per_mtok": pin, "output_per_mtok": pout},
+            }
+            if rid != "local-smollm2"
+            else {"provider": "local", "contract": {"candidates": "native", "max_candidates": 32}}
             for rid, (pin, pout, model) in _PRICES.items()
         },
-        "reports": {"thresholds": {"output_tokens_per_request_p95": 1500,
-                                   "denial_rate": 0.05, "pending_age": "24h"}},
+        "reports": {
+            "thresholds": {
+                "output_tokens_per_request_p95": 1500,
+                "denial_rate": 0.05,
+                "pending_age": "24h",
+            }
+        },
     }
 
 
@@ -134,20 +198,51 @@ _EXCEPTIONS = (
 
 def _exception(e: tuple[Any, ...], names: Mapping[str, str], end: datetime) -> dict[str, Any]:
     eid, workload, owner, top, ceiling, budget, expires = e
-    return {"id": eid, "workload": names[workload], "owner": owner, "max_candidates": top,
-            "output_ceiling": ceiling, "budget_usd": budget,
-            "expires": (end + expires).isoformat().replace("+00:00", "Z"),
-            "reason": "synthetic"}
+    return {
+        "id": eid,
+        "workload": names[workload],
+        "owner": owner,
+        "max_candidates": top,
+        "output_ceiling": ceiling,
+        "budget_usd": budget,
+        "expires": (end + expires).isoformat().replace("+00:00", "Z"),
+        "reason": "synthetic",
+    }
 
 
 _ROW_ORDER = (
-    "timestamp", "request_id", "attempt", "workload_id", "environment", "route_id",
-    "model_alias", "upstream_model", "provider_request_id", "requested_candidate_count",
-    "effective_candidate_count", "returned_candidate_count", "exception_id", "input_tokens",
-    "cached_input_tokens", "output_tokens_total", "reasoning_tokens", "total_tokens",
-    "reserved_input_tokens", "reserved_output_tokens", "reserved_cost_micros", "cost_micros",
-    "finish_reasons", "stream_mode", "usage_source", "quota_scope", "policy_result",
-    "policy_reason", "state", "reconciliation_reason", "gateway_instance", "latency_ms",
+    "timestamp",
+    "request_id",
+    "attempt",
+    "workload_id",
+    "environment",
+    "route_id",
+    "model_alias",
+    "upstream_model",
+    "provider_request_id",
+    "requested_candidate_count",
+    "effective_candidate_count",
+    "returned_candidate_count",
+    "exception_id",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens_total",
+    "reasoning_tokens",
+    "total_tokens",
+    "reserved_input_tokens",
+    "reserved_output_tokens",
+    "reserved_cost_micros",
+    "cost_micros",
+    "finish_reasons",
+    "stream_mode",
+    "usage_source",
+    "quota_scope",
+    "policy_result",
+    "policy_reason",
+    "state",
+    "reconciliation_reason",
+    "gateway_instance",
+    "latency_ms",
 )
 
 
@@ -218,7 +313,10 @@ class _Draw:
 def _rows(spec: LedgerSpec) -> Iterator[tuple[Any, ...]]:
     end = spec.resolved_end()
     draw = _Draw(
-        random.Random(spec.seed), end, spec.days, spec.resolved_shift().isoformat(),
+        random.Random(spec.seed),
+        end,
+        spec.days,
+        spec.resolved_shift().isoformat(),
         {p.name: spec.rename.get(p.name, p.name) for p in _PROFILES},
         _text(end + _EXCEPTIONS[1][6]),
         tuple((end - timedelta(days=d + 1)).strftime("%Y-%m-%d") for d in range(spec.days)),
@@ -258,12 +356,29 @@ def _request(draw: _Draw, p: _Profile, request_id: str) -> Iterator[tuple[Any, .
     requested = _pick(rng, mix)
     effective = requested or 1
     grant = p.exception if effective > p.max_candidates else None
-    top = max(p.max_candidates, 3 if grant == "brainstorm-3" else 4 if grant == "eval-q4" else 3
-              if grant == "ranker-3" else 1)
+    top = max(
+        p.max_candidates,
+        3
+        if grant == "brainstorm-3"
+        else 4
+        if grant == "eval-q4"
+        else 3
+        if grant == "ranker-3"
+        else 1,
+    )
     if grant == "brainstorm-3" and ts >= draw.brainstorm_expiry and rng.random() < 0.9:
         grant, top = None, 1  # the exception expired; only a stale replica still uses it
-    base = _Base(draw.names[p.name], p, ts, request_id, requested, effective, grant,
-                 rng.choice(draw.instances), p.stream > 0 and rng.random() < p.stream)
+    base = _Base(
+        draw.names[p.name],
+        p,
+        ts,
+        request_id,
+        requested,
+        effective,
+        grant,
+        rng.choice(draw.instances),
+        p.stream > 0 and rng.random() < p.stream,
+    )
     reason = _denial(rng, effective, top)
     if reason is not None:
         yield base.denied(reason)
@@ -305,14 +420,38 @@ class _Base:
         r_in = f.get("reserved_input", 1000)
         r_out = per_attempt * self.profile.ceiling
         return (
-            self.ts, self.request_id, attempt, self.workload, "production", route,
-            self.profile.alias, model, f.get("provider_request_id"), self.requested,
-            self.effective, f.get("returned"), self.exception_id, f.get("input"),
-            f.get("cached"), f.get("output"), None, f.get("total"), r_in, r_out,
-            math.ceil(r_in * pin + r_out * pout), f.get("cost"), f.get("finish", "{}"),
-            int(self.stream), f.get("usage_source", "none"), "global", "allow",
-            "within_exception" if self.exception_id else "within_default", f["state"],
-            f.get("reason"), self.instance, f.get("latency"),
+            self.ts,
+            self.request_id,
+            attempt,
+            self.workload,
+            "production",
+            route,
+            self.profile.alias,
+            model,
+            f.get("provider_request_id"),
+            self.requested,
+            self.effective,
+            f.get("returned"),
+            self.exception_id,
+            f.get("input"),
+            f.get("cached"),
+            f.get("output"),
+            None,
+            f.get("total"),
+            r_in,
+            r_out,
+            math.ceil(r_in * pin + r_out * pout),
+            f.get("cost"),
+            f.get("finish", "{}"),
+            int(self.stream),
+            f.get("usage_source", "none"),
+            "global",
+            "allow",
+            "within_exception" if self.exception_id else "within_default",
+            f["state"],
+            f.get("reason"),
+            self.instance,
+            f.get("latency"),
         )
 
     def denied(self, reason: str) -> tuple[Any, ...]:
@@ -326,36 +465,69 @@ class _Base:
 def _usage(rng: random.Random, base: _Base, route: str, choices: int) -> dict[str, Any]:
     pin, pout, _ = _PRICES[route]
     inp = max(20, int(rng.lognormvariate(6.5, 0.5)))
-    out = sum(min(base.profile.ceiling, max(1, int(rng.expovariate(1 / base.profile.output_mean))))
-              for _ in range(choices))
+    out = sum(
+        min(base.profile.ceiling, max(1, int(rng.expovariate(1 / base.profile.output_mean))))
+        for _ in range(choices)
+    )
     cached = inp // 2 if rng.random() < 0.2 else 0
-    return {"input": inp, "cached": cached, "output": out, "total": inp + out,
-            "cost": math.ceil(inp * pin + out * pout), "returned": choices,
-            "usage_source": "provider_stream" if base.stream else "provider_response",
-            "finish": f'{{"stop": {choices}}}', "latency": round(rng.uniform(200, 4000), 1),
-            "reserved_input": int(inp * 1.1) + 8}
+    return {
+        "input": inp,
+        "cached": cached,
+        "output": out,
+        "total": inp + out,
+        "cost": math.ceil(inp * pin + out * pout),
+        "returned": choices,
+        "usage_source": "provider_stream" if base.stream else "provider_response",
+        "finish": f'{{"stop": {choices}}}',
+        "latency": round(rng.uniform(200, 4000), 1),
+        "reserved_input": int(inp * 1.1) + 8,
+    }
 
 
 def _attempts(rng: random.Random, base: _Base) -> Iterator[tuple[Any, ...]]:
     chain = base.profile.chain
     if chain[0] == "emulated-chat":
         for k in range(1, base.effective + 1):
-            yield base.row(k, chain[0], state="settled", **_usage(rng, base, chain[0], 1),
-                           provider_request_id=f"{base.request_id}-b{k}")
+            yield base.row(
+                k,
+                chain[0],
+                state="settled",
+                **_usage(rng, base, chain[0], 1),
+                provider_request_id=f"{base.request_id}-b{k}",
+            )
         return
     attempt, x = 1, rng.random()
     if len(chain) > 1 and x < 0.03:  # a timeout, then a retry on the same route
-        yield base.row(attempt, chain[0], state="usage_reconciliation_required",
-                       reason="timeout", provider_request_id=None)
+        yield base.row(
+            attempt,
+            chain[0],
+            state="usage_reconciliation_required",
+            reason="timeout",
+            provider_request_id=None,
+        )
         attempt += 1
     elif len(chain) > 1 and x < 0.04:  # a 429 refusal: settled at zero, then a retry
-        yield base.row(attempt, chain[0], state="settled", returned=0, input=0, output=0,
-                       total=0, cost=0, cached=0, usage_source="provider_response")
+        yield base.row(
+            attempt,
+            chain[0],
+            state="settled",
+            returned=0,
+            input=0,
+            output=0,
+            total=0,
+            cost=0,
+            cached=0,
+            usage_source="provider_response",
+        )
         attempt += 1
     route = chain[1] if len(chain) > 1 and 0.04 <= x < 0.045 else chain[0]
     if route != chain[0]:  # a 5xx after dispatch on the primary, then the fallback
-        yield base.row(attempt, chain[0], state="usage_reconciliation_required",
-                       reason="upstream_error_after_dispatch")
+        yield base.row(
+            attempt,
+            chain[0],
+            state="usage_reconciliation_required",
+            reason="upstream_error_after_dispatch",
+        )
         attempt += 1
     yield _final(rng, base, attempt, route)
 
@@ -365,15 +537,33 @@ def _final(rng: random.Random, base: _Base, attempt: int, route: str) -> tuple[A
     prid = f"prov-{base.request_id}-{attempt}"
     y = rng.random()
     if base.stream and y < 0.006:  # a stream cut without usage: pending, held
-        return base.row(attempt, route, state="pending", reason="stream_cut",
-                        provider_request_id=prid, returned=base.effective,
-                        reserved_input=usage["reserved_input"])
+        return base.row(
+            attempt,
+            route,
+            state="pending",
+            reason="stream_cut",
+            provider_request_id=prid,
+            returned=base.effective,
+            reserved_input=usage["reserved_input"],
+        )
     if y < 0.009 and base.effective > 1:  # fewer choices than asked
-        return base.row(attempt, route, state="usage_reconciliation_required",
-                        reason="returned_mismatch", provider_request_id=prid,
-                        returned=base.effective - 1, reserved_input=usage["reserved_input"])
+        return base.row(
+            attempt,
+            route,
+            state="usage_reconciliation_required",
+            reason="returned_mismatch",
+            provider_request_id=prid,
+            returned=base.effective - 1,
+            reserved_input=usage["reserved_input"],
+        )
     if y < 0.012:  # was pending, then reconciled from the provider's export
         usage.update(usage_source="reconciliation_import")
-        return base.row(attempt, route, state="reconciled", reason="usage_missing",
-                        provider_request_id=prid, **usage)
+        return base.row(
+            attempt,
+            route,
+            state="reconciled",
+            reason="usage_missing",
+            provider_request_id=prid,
+            **usage,
+        )
     return base.row(attempt, route, state="settled", provider_request_id=prid, **usage)
