@@ -31,11 +31,7 @@ def _pg_or_skip() -> Any:
         ledger_from_url("postgresql://postgres@127.0.0.1:5432/test")
     except ConfigError as exc:
         pytest.skip(f"no PostgreSQL ledger store in ncap.stores yet ({exc})")
-    try:
-        import psycopg
-    except ImportError:
-        pytest.skip("psycopg is not installed")
-    return psycopg
+    return pytest.importorskip("psycopg", reason="the test creates its database with psycopg")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -11,13 +11,14 @@ ledger may use ``timestamptz``.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from ncap.errors import ConfigError
 from ncap.stores import sqlite_target
@@ -87,37 +88,60 @@ class SQLiteSource:
 
 
 class PostgresSource:
-    """The PostgreSQL ledger through psycopg (3), when it is installed."""
+    """The PostgreSQL ledger through asyncpg (the driver the PostgreSQL store uses),
+    on a private event loop so that the report code stays synchronous."""
 
     def __init__(self, url: str) -> None:
         try:
-            psycopg: Any = importlib.import_module("psycopg")
+            self._asyncpg: Any = importlib.import_module("asyncpg")
         except ImportError as exc:
-            raise ConfigError("reports on a PostgreSQL ledger need the psycopg package") from exc
-        self._conn = psycopg.connect(url, autocommit=True)
+            raise ConfigError("reports on a PostgreSQL ledger need the asyncpg package") from exc
+        self._loop = asyncio.new_event_loop()
+        dsn, schema = _pg_dsn(url)
+        settings = {"search_path": schema} if schema else None
+        self._conn: Any = self._loop.run_until_complete(
+            self._asyncpg.connect(dsn, server_settings=settings)
+        )
         self._text_stamps = self._stamps_are_text()
 
     def _stamps_are_text(self) -> bool:
-        rows = self._conn.execute(
+        rows = self.query(
             "SELECT data_type FROM information_schema.columns"
             " WHERE table_name = 'ledger_events' AND column_name = 'timestamp'"
-        ).fetchall()
+        )
         return bool(rows) and str(rows[0][0]) in ("text", "character varying")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        rows: list[Row] = self._conn.execute(sql.replace("?", "%s"), tuple(params)).fetchall()
-        return rows
-
-    def scan(self, start: Any, end: Any) -> str:
-        return "ledger_events"  # PostgreSQL's planner has range statistics
+        numbered = _numbered(sql)
+        records = self._loop.run_until_complete(self._conn.fetch(numbered, *params))
+        return [tuple(record) for record in records]
 
     def stamp(self, value: datetime) -> Any:
         if self._text_stamps:
             return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return value.astimezone(UTC)
 
+    def scan(self, start: Any, end: Any) -> str:
+        return "ledger_events"  # PostgreSQL's planner has range statistics
+
     def close(self) -> None:
-        self._conn.close()
+        self._loop.run_until_complete(self._conn.close())
+        self._loop.close()
+
+
+def _numbered(sql: str) -> str:
+    """``?`` placeholders as PostgreSQL's ``$1, $2, …`` (the report's SQL has no other ``?``)."""
+    parts = sql.split("?")
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+def _pg_dsn(url: str) -> tuple[str, str | None]:
+    """The DSN without ncap's own ``?schema=`` parameter, and that schema."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    schema = query.pop("schema", [None])[-1]
+    rest = "&".join(f"{k}={v}" for k, values in query.items() for v in values)
+    return parts._replace(query=rest).geturl(), schema
 
 
 def source_from_url(url: str) -> LedgerSource:

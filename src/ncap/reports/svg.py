@@ -101,5 +101,5 @@ def paired_bar_chart(
     return Markup("".join(parts))
 
 
-def _clip(label: str, size: int = 28) -> str:
+def _clip(label: str, size: int = 24) -> str:
     return label if len(label) <= size else label[: size - 1] + "…"

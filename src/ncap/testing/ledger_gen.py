@@ -16,6 +16,7 @@ Speed: rows are plain tuples written with ``executemany`` in one transaction
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import random
@@ -27,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ncap.domain.events import LEDGER_COLUMNS
-from ncap.stores._sqlite import migrate
-from ncap.stores.sqlite_ledger import MIGRATIONS
+from ncap.stores import SQLiteLedgerStore
 
 __all__ = ["LedgerSpec", "generate_ledger", "synthetic_config"]
 
@@ -264,10 +264,9 @@ def generate_ledger(
     target = Path(path)
     if target.exists():
         raise FileExistsError(f"{target} exists; generate into a new file")
+    _create_schema(target)
     conn = sqlite3.connect(target, isolation_level=None)
     try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        migrate(conn, MIGRATIONS)
         conn.execute("PRAGMA synchronous = OFF")
         written = 0
         conn.execute("BEGIN")
@@ -281,6 +280,11 @@ def generate_ledger(
     finally:
         conn.close()
     return written
+
+
+def _create_schema(path: Path) -> None:
+    """The real store creates (and migrates) the file, so the schema is exactly its."""
+    asyncio.run(SQLiteLedgerStore(path).close())
 
 
 def _batches(rows: Iterator[tuple[Any, ...]], limit: int) -> Iterator[list[tuple[Any, ...]]]:
