@@ -61,14 +61,20 @@ def _sign_in(pg: Any, dash: Dashboard, key: str) -> Any:
     return pg
 
 
-def test_dashboard_renders_offline_with_charts(page: tuple[Any, list[str]], dash: Dashboard) -> None:
+def test_dashboard_renders_offline_with_charts(
+    page: tuple[Any, list[str]], dash: Dashboard
+) -> None:
     pg, blocked = page
     _sign_in(pg, dash, dash.admin_key)
     assert pg.title().startswith("ncap audit")
     charts = pg.locator("svg.chart")
     assert charts.count() >= 5
-    values = [float(v) for v in pg.eval_on_selector_all(
-        "svg.chart [data-value]", "els => els.map(e => e.getAttribute('data-value'))")]
+    values = [
+        float(v)
+        for v in pg.eval_on_selector_all(
+            "svg.chart [data-value]", "els => els.map(e => e.getAttribute('data-value'))"
+        )
+    ]
     assert len(values) >= 10 and sum(v > 0 for v in values) >= 10
     widths = pg.eval_on_selector_all("#chart-spend rect", "els => els.map(e => e.getBBox().width)")
     assert max(widths) > 100  # the bars are drawn, not only present
@@ -77,7 +83,9 @@ def test_dashboard_renders_offline_with_charts(page: tuple[Any, list[str]], dash
     assert blocked == []
 
 
-def test_canary_workload_name_is_shown_as_text(page: tuple[Any, list[str]], dash: Dashboard) -> None:
+def test_canary_workload_name_is_shown_as_text(
+    page: tuple[Any, list[str]], dash: Dashboard
+) -> None:
     pg, blocked = page
     _sign_in(pg, dash, dash.admin_key)
     assert pg.evaluate("typeof window.__canary") == "undefined"

@@ -102,7 +102,7 @@ def _run(
     try:
         source = source_from_url(ledger or cfg.stores.ledger)
     except ConfigError as exc:
-        err.print(f"[red]error[/red] {exc}", highlight=False)
+        err.print(f"[red]error[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     try:
         with _progress() as step:

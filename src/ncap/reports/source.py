@@ -34,7 +34,6 @@ __all__ = [
 Row = tuple[Any, ...]
 # above this share of the ledger, a window is read by scanning the table (SQLite)
 WIDE_WINDOW = 0.15
-SORT_CACHE_KIB = 256 * 1024
 
 
 class LedgerSource(Protocol):
@@ -60,9 +59,6 @@ class SQLiteSource:
             raise ConfigError(f"ledger {self.path} does not exist")
         self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         self._conn.execute("PRAGMA query_only = 1")
-        # GROUP BY sorts every input row; keep the sort in memory instead of spilling
-        self._conn.execute("PRAGMA temp_store = MEMORY")
-        self._conn.execute(f"PRAGMA cache_size = -{SORT_CACHE_KIB}")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return list(self._conn.execute(sql, tuple(params)))
