@@ -21,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import os
 import secrets
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from jinja2 import Environment, select_autoescape
@@ -36,14 +39,17 @@ from ncap.errors import ConfigError
 from ncap.reports import (
     Report,
     build_report,
+    ensure_report_indexes,
     render_html,
     report_dict,
     since_window,
     source_from_url,
 )
+from ncap.stores import sqlite_target
 
 __all__ = ["DASHBOARD_PATH", "add_dashboard_routes"]
 
+log = logging.getLogger("ncap.dashboard")
 DASHBOARD_PATH = "/dashboard"
 COOKIE = "ncap_dashboard"
 SESSION_S = 12 * 3600
@@ -110,6 +116,20 @@ def add_dashboard_routes(app: web.Application, config: Config) -> None:
     app.router.add_post(f"{DASHBOARD_PATH}/login", login)
     app.router.add_post(f"{DASHBOARD_PATH}/logout", logout)
     app.router.add_get(f"{DASHBOARD_PATH}/report.json", report_json)
+    app.on_startup.append(_index_ledger)  # after the stores opened (cleanup_ctx runs first)
+
+
+async def _index_ledger(app: web.Application) -> None:
+    """Give a SQLite ledger the report's partial index (reports/indexes.py); without it
+    the report still works, by scanning, so a failure is only logged."""
+    url = app[DASHBOARD].config.stores.ledger
+    if urlsplit(url).scheme != "sqlite":
+        return
+    try:
+        path, _ = sqlite_target(url)
+        await asyncio.to_thread(ensure_report_indexes, path)
+    except (ConfigError, sqlite3.Error) as exc:
+        log.warning("report index not created on %s: %s", url, type(exc).__name__)
 
 
 def _html(body: str, status: int = 200) -> web.Response:

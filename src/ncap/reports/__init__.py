@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, time, timedelta
 
 from ncap.reports.build import STEPS, build_report, nearest_rank, population_stability_index
+from ncap.reports.indexes import ensure_report_indexes
 from ncap.reports.model import (
     Alert,
     DenialRow,
@@ -54,6 +55,7 @@ __all__ = [
     "Window",
     "build_report",
     "day_window",
+    "ensure_report_indexes",
     "nearest_rank",
     "population_stability_index",
     "render_html",

@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from ncap.config import ExceptionGrant, Thresholds, utcnow
@@ -53,7 +53,6 @@ __all__ = ["STEPS", "build_report", "nearest_rank", "population_stability_index"
 
 Step = Callable[[str], None]
 UNSETTLED = "('pending', 'usage_reconciliation_required')"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 STEPS = ("window", "requests", "previous window", "exceptions", "pending")
 
 _CUBE_SQL = """
@@ -111,7 +110,8 @@ GROUP BY exception_id
 
 _AFTER_EXPIRY_SQL = """
 SELECT COUNT(*) FROM {scan}
-WHERE exception_id = ? AND attempt <= 1 AND timestamp >= ? AND timestamp < ?
+WHERE exception_id IS NOT NULL AND exception_id = ? AND attempt <= 1
+  AND timestamp >= ? AND timestamp < ?
 """
 
 _PENDING_SQL = f"""
@@ -377,8 +377,7 @@ def _exception_usage(
     source: LedgerSource, window: Window, grants: Sequence[ExceptionGrant], cells: list[_Cell]
 ) -> list[ExceptionUsage]:
     start, end = source.stamp(window.start), source.stamp(window.end)
-    scan = source.scan(source.stamp(_EPOCH), end)
-    sql = _EXCEPTIONS_SQL.format(scan=scan)
+    sql = _EXCEPTIONS_SQL.format(scan=source.exception_scan())
     rows = {row[0]: row for row in source.query(sql, (start, end))}
     usage = [_grant_usage(source, window, g, rows.pop(g.id, None)) for g in grants]
     usage += [_unknown_usage(eid, row) for eid, row in sorted(rows.items())]
@@ -393,7 +392,7 @@ def _grant_usage(
     after = 0
     if row and grant.expires < window.end:
         since, until = source.stamp(grant.expires), source.stamp(window.end)
-        sql = _AFTER_EXPIRY_SQL.format(scan=source.scan(since, until))
+        sql = _AFTER_EXPIRY_SQL.format(scan=source.exception_scan())
         after = _int(source.query(sql, (grant.id, since, until))[0][0])
     return ExceptionUsage(
         id=grant.id,

@@ -15,6 +15,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ncap.domain.money import format_usd
 from ncap.reports.model import Report, report_dict
@@ -50,9 +51,9 @@ def _pct(value: float | None) -> str:
 
 
 def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    table = Table(*headers, title=title, title_justify="left", expand=False)
+    table = Table(*headers, title=Text(title), title_justify="left", expand=False)
     for row in rows:
-        table.add_row(*(str(cell) for cell in row))
+        table.add_row(*(Text(str(cell)) for cell in row))  # values are data, not markup
     return table
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from ncap.errors import ConfigError
+from ncap.reports.indexes import EXCEPTION_INDEX
 from ncap.stores import sqlite_target
 
 __all__ = [
@@ -45,6 +46,10 @@ class LedgerSource(Protocol):
 
     def scan(self, start: Any, end: Any) -> str:
         """The ``FROM`` target for reading the rows of ``[start, end)`` (stamped)."""
+        ...
+
+    def exception_scan(self) -> str:
+        """The ``FROM`` target for queries over the rows that name an exception."""
         ...
 
     def close(self) -> None: ...
@@ -78,6 +83,16 @@ class SQLiteSource:
         ).fetchone()[0]
         wide = total and inside / total > WIDE_WINDOW
         return "ledger_events NOT INDEXED" if wide else "ledger_events"
+
+    def exception_scan(self) -> str:
+        """The report's partial index when the ledger has it (``reports/indexes.py``),
+        else a plain scan (the timestamp index would be slower than the table)."""
+        found = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (EXCEPTION_INDEX,)
+        ).fetchone()
+        if found:
+            return f"ledger_events INDEXED BY {EXCEPTION_INDEX}"
+        return "ledger_events NOT INDEXED"
 
     def close(self) -> None:
         self._conn.close()
@@ -119,6 +134,9 @@ class PostgresSource:
 
     def scan(self, start: Any, end: Any) -> str:
         return "ledger_events"  # PostgreSQL's planner has range statistics
+
+    def exception_scan(self) -> str:
+        return "ledger_events"
 
     def close(self) -> None:
         self._loop.run_until_complete(self._conn.close())

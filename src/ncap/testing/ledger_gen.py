@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ncap.domain.events import LEDGER_COLUMNS
+from ncap.reports.indexes import ensure_report_indexes
 from ncap.stores import SQLiteLedgerStore
 
 __all__ = ["LedgerSpec", "generate_ledger", "synthetic_config"]
@@ -279,6 +280,7 @@ def generate_ledger(
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
+    ensure_report_indexes(target)  # as a gateway's start-up would
     return written
 
 
