@@ -400,3 +400,45 @@ def test_nearest_rank_and_psi_by_hand() -> None:
     assert population_stability_index({"a": 5, "b": 0}, {"a": 0, "b": 5}) == pytest.approx(
         2 * (5.5 / 6 - 0.5 / 6) * 2.3978952728, abs=1e-6
     )
+
+
+async def test_every_sqlite_query_path_gives_the_same_report(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scan or index for the window, scan or partial index for exceptions: same numbers."""
+    from ncap.reports import SQLiteSource, ensure_report_indexes, report_dict
+    from ncap.reports import source as source_module
+    from ncap.stores import SQLiteLedgerStore
+
+    path = tmp_path / "paths.db"
+    store = SQLiteLedgerStore(path)
+    for event in EVENTS:
+        await store.append(event)
+    await store.close()
+
+    def run() -> dict[str, Any]:
+        src = SQLiteSource(path)
+        try:
+            r = build_report(
+                src,
+                day_window(date(2026, 11, 10)),
+                kind="daily",
+                exceptions=GRANTS,
+                thresholds=THRESHOLDS,
+                now=NOW,
+            )
+        finally:
+            src.close()
+        data = report_dict(r)
+        data.pop("elapsed_ms")
+        return data
+
+    scanned = run()  # this window holds most rows: table scan; no report index yet
+    monkeypatch.setattr(source_module, "WIDE_WINDOW", 1.0)  # always the timestamp index
+    assert run() == scanned
+    ensure_report_indexes(path)
+    ensure_report_indexes(path)  # idempotent
+    src = SQLiteSource(path)
+    assert "INDEXED BY" in src.exception_scan()
+    src.close()
+    assert run() == scanned
