@@ -103,9 +103,9 @@ def test_generate_then_audit_with_the_written_config(tmp_path: Path) -> None:
 
 def test_generated_ledger_has_what_the_report_looks_for(tmp_path: Path) -> None:
     end = datetime(2026, 11, 20, tzinfo=UTC)
-    spec = LedgerSpec(rows=30_000, days=14, end=end, seed=3, shift_day=date(2026, 11, 17))
+    spec = LedgerSpec(rows=15_000, days=14, end=end, seed=3, shift_day=date(2026, 11, 17))
     path = tmp_path / "g.db"
-    assert generate_ledger(path, spec) == 30_000
+    assert generate_ledger(path, spec) == 15_000
     config = parse_config(yaml.safe_dump(synthetic_config(spec, path)))
     source = SQLiteSource(path)
     try:
@@ -139,3 +139,11 @@ def test_generated_ledger_has_what_the_report_looks_for(tmp_path: Path) -> None:
     assert grants["brainstorm-3"].requests_after_expiry > 0
     assert shifted.totals.attempts > shifted.totals.requests - shifted.totals.denied_requests
     assert shifted.window.end - shifted.window.start == timedelta(days=1)
+
+
+def test_a_file_that_is_not_a_ledger_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.db"
+    bogus.write_bytes(b"not a database at all" * 100)
+    result = runner.invoke(app, ["audit", "--ledger", f"sqlite:///{bogus}"])
+    assert result.exit_code == 2 and "cannot be read" in result.output
+    assert "Traceback" not in result.output

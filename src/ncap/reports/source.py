@@ -62,11 +62,18 @@ class SQLiteSource:
         self.path = Path(path)
         if not self.path.exists():
             raise ConfigError(f"ledger {self.path} does not exist")
-        self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        self._conn.execute("PRAGMA query_only = 1")
+        try:
+            self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            self._conn.execute("PRAGMA query_only = 1")
+            self._conn.execute("SELECT 1 FROM ledger_events LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            raise ConfigError(f"ledger {self.path} cannot be read: {exc}") from exc
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        return list(self._conn.execute(sql, tuple(params)))
+        try:
+            return list(self._conn.execute(sql, tuple(params)))
+        except sqlite3.Error as exc:
+            raise ConfigError(f"ledger {self.path} cannot be read: {exc}") from exc
 
     def stamp(self, value: datetime) -> Any:
         # the same fixed-width text as stores/sqlite_ledger.py writes
@@ -110,10 +117,16 @@ class PostgresSource:
         self._loop = asyncio.new_event_loop()
         dsn, schema = _pg_dsn(url)
         settings = {"search_path": schema} if schema else None
-        self._conn: Any = self._loop.run_until_complete(
-            self._asyncpg.connect(dsn, server_settings=settings)
-        )
+        self._conn: Any = self._run(self._asyncpg.connect(dsn, server_settings=settings))
         self._text_stamps = self._stamps_are_text()
+
+    def _run(self, coro: Any) -> Any:
+        """Driver and network errors become one ``ConfigError`` saying the ledger is
+        unreadable (the report is read-only: nothing to retry or roll back)."""
+        try:
+            return self._loop.run_until_complete(coro)
+        except (self._asyncpg.PostgresError, OSError) as exc:
+            raise ConfigError(f"PostgreSQL ledger cannot be read: {exc}") from exc
 
     def _stamps_are_text(self) -> bool:
         rows = self.query(
@@ -124,7 +137,7 @@ class PostgresSource:
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         numbered = _numbered(sql)
-        records = self._loop.run_until_complete(self._conn.fetch(numbered, *params))
+        records = self._run(self._conn.fetch(numbered, *params))
         return [tuple(record) for record in records]
 
     def stamp(self, value: datetime) -> Any:
