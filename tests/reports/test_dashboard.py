@@ -65,3 +65,20 @@ def test_report_json_matches_the_page(dash: Dashboard) -> None:
     assert CANARY in workloads
     assert data["totals"]["requests"] > 0
     assert {e["id"] for e in data["exceptions"]} == {"eval-q4", "brainstorm-3", "ranker-3"}
+
+
+def test_the_gateway_gives_its_sqlite_ledger_the_report_index(tmp_path: Path) -> None:
+    import sqlite3
+
+    from ncap.reports.indexes import EXCEPTION_INDEX
+    from tests.support import gateway, gateway_config
+
+    config = gateway_config("http://127.0.0.1:9/v1", tmp_path)  # never called
+    with gateway(config):
+        names = {
+            row[0]
+            for row in sqlite3.connect(tmp_path / "ledger.db").execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index'"
+            )
+        }
+    assert EXCEPTION_INDEX in names
