@@ -173,16 +173,7 @@ def build_report(
     now = now or utcnow()
     tick = step or (lambda _name: None)
     previous = window.previous()
-    span = (source.stamp(window.start), source.stamp(window.end))
-    tick("window")
-    scan = source.scan(*span)
-    cells = [_cell(row) for row in source.query(_CUBE_SQL.format(scan=scan), span)]
-    tick("requests")
-    groups = [_group(row) for row in source.query(_REQUESTS_SQL.format(scan=scan), span)]
-    tick("previous window")
-    before_span = (source.stamp(previous.start), span[0])
-    before_sql = _PREVIOUS_SQL.format(scan=source.scan(*before_span))
-    before = source.query(before_sql, before_span)
+    cells, groups, before = _scan_windows(source, window, previous, tick)
     tick("exceptions")
     usage = _exception_usage(source, window, exceptions, cells)
     tick("pending")
@@ -217,6 +208,22 @@ def build_report(
     ]
     elapsed = round((time.perf_counter() - started) * 1000, 1)
     return _with(report, alerts=alerts, elapsed_ms=elapsed)
+
+
+def _scan_windows(
+    source: LedgerSource, window: Window, previous: Window, tick: Step
+) -> tuple[list[_Cell], list[_RequestGroup], list[Any]]:
+    """The three grouped reads of the window and the previous window."""
+    span = (source.stamp(window.start), source.stamp(window.end))
+    tick("window")
+    scan = source.scan(*span)
+    cells = [_cell(row) for row in source.query(_CUBE_SQL.format(scan=scan), span)]
+    tick("requests")
+    groups = [_group(row) for row in source.query(_REQUESTS_SQL.format(scan=scan), span)]
+    tick("previous window")
+    before_span = (source.stamp(previous.start), span[0])
+    before_sql = _PREVIOUS_SQL.format(scan=source.scan(*before_span))
+    return cells, groups, source.query(before_sql, before_span)
 
 
 def _with(report: Report, **changes: Any) -> Report:

@@ -65,29 +65,35 @@ def render_tables(report: Report, console: Console) -> None:
 
 
 def _tables(r: Report) -> list[Table]:
+    """One table per section, in the order of the HTML page."""
+    return [*_overview(r), *_candidates(r), *_money(r)]
+
+
+def _overview(r: Report) -> list[Table]:
     t = r.totals
+    totals = [
+        t.requests,
+        t.attempts,
+        t.denied_requests,
+        t.cost_micros,
+        t.input_tokens,
+        t.output_tokens,
+    ]
     head = _table(
         f"ncap {r.kind}: {_when(r.window.start)} → {_when(r.window.end)}",
         ["requests", "attempts", "denied", "spend", "input tokens", "output tokens"],
-        [
-            [
-                _n(t.requests),
-                _n(t.attempts),
-                _n(t.denied_requests),
-                _usd(t.cost_micros),
-                _n(t.input_tokens),
-                _n(t.output_tokens),
-            ]
-        ],
+        [[_n(v) if i != 3 else _usd(v) for i, v in enumerate(totals)]],
     )
-    pend = r.pending_total
+    alerts = _table(
+        "alerts",
+        ["severity", "source", "code", "message"],
+        [[a.severity, a.source, a.code, a.message] for a in r.alerts],
+    )
+    return [head, alerts]
+
+
+def _candidates(r: Report) -> list[Table]:
     return [
-        head,
-        _table(
-            "alerts",
-            ["severity", "source", "code", "message"],
-            [[a.severity, a.source, a.code, a.message] for a in r.alerts],
-        ),
         _table(
             "requested-candidate distribution",
             ["workload", "route", "requested n", "requests"],
@@ -132,82 +138,85 @@ def _tables(r: Report) -> list[Table]:
             ],
         ),
         _table(
-            "exceptions",
-            [
-                "id",
-                "workload",
-                "owner",
-                "max n",
-                "expires",
-                "status",
-                "requests (window)",
-                "spent",
-                "held",
-                "budget",
-                "used",
-                "after expiry",
-            ],
-            [
-                [
-                    e.id,
-                    e.workload or "–",
-                    e.owner or "–",
-                    _n(e.max_candidates),
-                    _when(e.expires),
-                    e.status,
-                    _n(e.requests_window),
-                    _usd(e.spent_micros),
-                    _usd(e.held_micros),
-                    _usd(e.budget_micros),
-                    _pct(e.used_fraction),
-                    _n(e.requests_after_expiry),
-                ]
-                for e in r.exceptions
-            ],
-        ),
-        _table(
             "denials by reason",
             ["reason", "workload", "requests"],
             [[d.reason, d.workload_id, _n(d.requests)] for d in r.denials],
         ),
+    ]
+
+
+_EXCEPTION_HEADERS = [
+    "id",
+    "workload",
+    "owner",
+    "max n",
+    "expires",
+    "status",
+    "requests (window)",
+    "spent",
+    "held",
+    "budget",
+    "used",
+    "after expiry",
+]
+
+
+def _money(r: Report) -> list[Table]:
+    pend = r.pending_total
+    exceptions = _table(
+        "exceptions",
+        _EXCEPTION_HEADERS,
+        [
+            [
+                e.id,
+                e.workload or "–",
+                e.owner or "–",
+                _n(e.max_candidates),
+                _when(e.expires),
+                e.status,
+                _n(e.requests_window),
+                _usd(e.spent_micros),
+                _usd(e.held_micros),
+                _usd(e.budget_micros),
+                _pct(e.used_fraction),
+                _n(e.requests_after_expiry),
+            ]
+            for e in r.exceptions
+        ],
+    )
+    pending = _table(
+        f"pending reconciliation: {_n(pend.count)} rows, {_usd(pend.reserved_cost_micros)}"
+        f" held, oldest {_when(pend.oldest)}",
+        ["state", "reason", "count", "reserved cost held", "oldest"],
+        [
+            [p.state, p.reason or "–", _n(p.count), _usd(p.reserved_cost_micros), _when(p.oldest)]
+            for p in r.pending
+        ],
+    )
+    sections = (
+        ("workload", r.spend_by_workload),
+        ("route", r.spend_by_route),
+        ("model", r.spend_by_model),
+    )
+    spend = [
         _table(
-            f"pending reconciliation: {_n(pend.count)} rows, {_usd(pend.reserved_cost_micros)}"
-            f" held, oldest {_when(pend.oldest)}",
-            ["state", "reason", "count", "reserved cost held", "oldest"],
+            f"spend by {name}",
+            [name, "requests", "attempts", "spend", "held", "output tokens"],
             [
                 [
-                    p.state,
-                    p.reason or "–",
-                    _n(p.count),
-                    _usd(p.reserved_cost_micros),
-                    _when(p.oldest),
+                    s.key or "–",
+                    _n(s.requests),
+                    _n(s.attempts),
+                    _usd(s.cost_micros),
+                    _usd(s.held_micros),
+                    _n(s.output_tokens),
                 ]
-                for p in r.pending
+                for s in rows
             ],
-        ),
-        *(
-            _table(
-                f"spend by {name}",
-                [name, "requests", "attempts", "spend", "held", "output tokens"],
-                [
-                    [
-                        s.key or "–",
-                        _n(s.requests),
-                        _n(s.attempts),
-                        _usd(s.cost_micros),
-                        _usd(s.held_micros),
-                        _n(s.output_tokens),
-                    ]
-                    for s in rows
-                ],
-            )
-            for name, rows in (
-                ("workload", r.spend_by_workload),
-                ("route", r.spend_by_route),
-                ("model", r.spend_by_model),
-            )
-        ),
+        )
+        for name, rows in sections
     ]
+    return [exceptions, pending, *spend]
 
 
 def template_environment() -> Environment:
