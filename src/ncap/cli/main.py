@@ -95,7 +95,7 @@ def keys_create(
     config: ConfigOpt = None,
 ) -> None:
     """Print a new API key once; store only its SHA-256 hash in the config file."""
-    from ncap.http.app import hash_key
+    from ncap.auth import hash_key
 
     path = config or Path("ncap.yaml")
     raw: dict[str, Any] = {}

@@ -8,7 +8,6 @@ else into a generic 500 envelope (logged without request content), never a trace
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import os
@@ -21,18 +20,17 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from ncap.accounting import Accounting, Caller
 from ncap.admission import Admission
+from ncap.auth import hash_key
 from ncap.config import Config
-from ncap.errors import BodyTooLarge, ConfigError, InvalidApiKey, NcapError
+from ncap.errors import BodyTooLarge, InvalidApiKey, NcapError
+from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
-from ncap.providers.base import Provider
-from ncap.providers.openai import OpenAIProvider
-from ncap.service import Gateway, Reply, RouteRuntime
+from ncap.providers import provider_for
 from ncap.stores import budgets_from_url, ledger_from_url
 
-__all__ = ["create_app", "hash_key"]
+__all__ = ["create_app"]
 
 log = logging.getLogger("ncap.http")
 _encode = msgspec.json.Encoder().encode
@@ -116,10 +114,6 @@ class RequestIds:
 REQUEST_IDS = web.AppKey("request_ids", RequestIds)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def hash_key(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def error_response(error: NcapError, request_id: str | None = None) -> web.Response:
@@ -255,19 +249,6 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def build_provider(route_id: str, config: Config) -> Provider:
-    route = config.routes[route_id]
-    match route.provider:
-        case "openai":
-            return OpenAIProvider(route, route_id=route_id)
-        case "local":
-            from ncap.providers.local import LocalProvider
-
-            return LocalProvider(route)
-        case "gemini":  # refused by config validation; kept for exhaustiveness
-            raise ConfigError(f"route {route_id}: provider gemini is not available yet")
-
-
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
     """Load local models before serving (not on the first request) and export the
     engine's queue depth."""
@@ -301,7 +282,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
         metrics=metrics_,
     )
     routes = {
-        rid: RouteRuntime(rid, route, build_provider(rid, config))
+        rid: RouteRuntime(rid, route, provider_for(route, route_id=rid))
         for rid, route in config.routes.items()
     }
     app[CONFIG] = config
