@@ -48,19 +48,20 @@ class Admitter:
     ) -> tuple[Plan, dict[int, Hold]]:
         now = self.accounting.clock()
         decision = self._decide(caller, request, now)
-        plan = _draft(request_id, caller, request, chain, decision, now)
         m = self.accounting.metrics
         m.child(m.candidates_requested, caller.workload_id).observe(decision.effective)
         holds: dict[int, Hold] = {}
+        plan: Plan | None = None
         try:
             if decision.error is not None:
                 raise decision.error
-            plan = self._sized(plan, body, chain, now)
+            plan = self._plan(request_id, caller, request, body, chain, decision, now)
             for number in range(1, (decision.effective if plan.emulated else 1) + 1):
                 await self.accounting.reserve(plan, holds, number)
         except (PolicyDenied, RateLimited) as exc:
             await self.accounting.abandon(holds)  # a fan-out admitted in part gives back
-            await self.accounting.deny(plan, chain[0], exc)
+            denied = plan or _draft(request_id, caller, request, chain, decision, now)
+            await self.accounting.deny(denied, chain[0], exc)
             raise
         m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
         return plan, holds
@@ -79,34 +80,42 @@ class Admitter:
             now=now,
         )
 
-    def _sized(
-        self, plan: Plan, body: dict[str, Any], chain: Sequence[RouteRuntime], now: datetime
+    def _plan(
+        self,
+        request_id: str,
+        caller: Caller,
+        request: ChatCompletionRequest,
+        body: dict[str, Any],
+        chain: Sequence[RouteRuntime],
+        decision: Decision,
+        now: datetime,
     ) -> Plan:
-        """The plan with its routes, its mode and what it and each attempt reserve (a
-        fan-out branch holds one prefill and one ceiling; together they hold the whole)."""
-        n = plan.decision.effective
+        """The plan: its routes, its mode, what it and each attempt reserve (a fan-out
+        branch holds one prefill and one ceiling; together they hold the whole)."""
+        n = decision.effective
         routes = _usable_routes(chain, n, now)
         emulated = candidates_mode(routes[0].route.contract, n) == "emulate"
-        whole = _reservation(body, routes, plan.decision)
+        whole = _reservation(body, routes, decision)
         each = whole
         if emulated:
             each = Reservation(
                 whole.input_tokens // n, whole.output_tokens // n, -(-whole.cost_micros // n)
             )
+        stream, wants_usage = _stream_mode(request)
         return Plan(
-            request_id=plan.request_id,
-            caller=plan.caller,
-            alias=plan.alias,
-            decision=plan.decision,
+            request_id=request_id,
+            caller=caller,
+            alias=request.model,
+            decision=decision,
             reservation=whole,
             attempt_reservation=each,
             usable_routes=routes,
             emulated=emulated,
-            stream=plan.stream,
-            client_wants_usage=plan.client_wants_usage,
+            stream=stream,
+            client_wants_usage=wants_usage,
             quota_scope=self.accounting.budgets.quota_scope,
-            timestamp=plan.timestamp,
-            started=plan.started,
+            timestamp=now,
+            started=time.monotonic(),
         )
 
 
@@ -118,8 +127,8 @@ def _draft(
     decision: Decision,
     now: datetime,
 ) -> Plan:
-    """The plan before sizing: what a denial's row is written from."""
-    options = _given(request.stream_options)
+    """What a request denied before it was sized is recorded with (nothing reserved)."""
+    stream, wants_usage = _stream_mode(request)
     return Plan(
         request_id=request_id,
         caller=caller,
@@ -129,12 +138,18 @@ def _draft(
         attempt_reservation=_NOTHING,
         usable_routes=tuple(chain[:1]),
         emulated=False,
-        stream=bool(_given(request.stream)),
-        client_wants_usage=options is not None and bool(_given(options.include_usage)),
+        stream=stream,
+        client_wants_usage=wants_usage,
         quota_scope="instance",
         timestamp=now,
         started=time.monotonic(),
     )
+
+
+def _stream_mode(request: ChatCompletionRequest) -> tuple[bool, bool]:
+    """Whether the client streams, and whether it asked for the usage chunk."""
+    options = _given(request.stream_options)
+    return bool(_given(request.stream)), options is not None and bool(_given(options.include_usage))
 
 
 def _given(value: Any) -> Any:
