@@ -112,6 +112,8 @@ class KeyEntry(_Model):
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     workload: str
     environment: str = "production"
+    label: str | None = None  # a name for `ncap keys list` / `ncap keys revoke`
+    created: datetime | None = None
 
 
 class Workload(_Model):
@@ -261,26 +263,40 @@ def reference_problems(raw: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     exceptions = _entries(raw.get("exceptions"))
     out: list[tuple[Loc, str]] = []
     if not keys and "default" not in workloads:
-        out.append((("workloads",), "without keys every request is workload 'default', "
-                    "which is missing: add a `default` workload or create a key"))
+        out.append(
+            (
+                ("workloads",),
+                "without keys every request is workload 'default', "
+                "which is missing: add a `default` workload or create a key",
+            )
+        )
     for name, w in workloads.items():
         for i, alias in enumerate(_entries(_mapping(w).get("models", ["*"]))):
             if alias != "*" and alias not in models:
-                out.append(((("workloads", str(name), "models", str(i))),
-                            f"unknown model alias {alias!r}{_hint(alias, models)}"))
+                out.append(
+                    (
+                        (("workloads", str(name), "models", str(i))),
+                        f"unknown model alias {alias!r}{_hint(alias, models)}",
+                    )
+                )
     for alias, chain in models.items():
         if isinstance(chain, list) and not chain:
             out.append((("models", str(alias)), "a route chain needs at least one route"))
         for i, rid in enumerate(_entries(chain)):
             if rid not in routes:
-                out.append((("models", str(alias), str(i)),
-                            f"unknown route {rid!r}{_hint(rid, routes)}"))
+                out.append(
+                    (("models", str(alias), str(i)), f"unknown route {rid!r}{_hint(rid, routes)}")
+                )
     for section, entries in (("exceptions", exceptions), ("keys", keys)):
         for i, entry in enumerate(entries):
             wid = _mapping(entry).get("workload")
             if isinstance(wid, str) and wid not in workloads:
-                out.append(((section, str(i), "workload"),
-                            f"unknown workload {wid!r}{_hint(wid, workloads)}"))
+                out.append(
+                    (
+                        (section, str(i), "workload"),
+                        f"unknown workload {wid!r}{_hint(wid, workloads)}",
+                    )
+                )
     seen: set[str] = set()
     for i, entry in enumerate(exceptions):
         eid = _mapping(entry).get("id")
@@ -433,7 +449,8 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         else:
             return None
     annotation = _unwrap(annotation)
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model else None
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -455,9 +472,12 @@ def warnings_for(config: Config, text: str, source: str, now: datetime) -> list[
         found += _contract_warnings(rid, route.contract, now)
     for i, grant in enumerate(config.exceptions):
         if grant.expires <= now:
-            found.append(((("exceptions", str(i), "expires")),
-                          f"exception {grant.id!r} expired on {grant.expires:%Y-%m-%d}: "
-                          "it is ignored"))
+            found.append(
+                (
+                    (("exceptions", str(i), "expires")),
+                    f"exception {grant.id!r} expired on {grant.expires:%Y-%m-%d}: it is ignored",
+                )
+            )
     return _located(found, root, source)
 
 
@@ -468,13 +488,22 @@ def _contract_warnings(rid: str, contract: Contract, now: datetime) -> list[tupl
     loc: Loc = ("routes", rid, "contract", "verified_at")
     refused = "n > 1 on this route is refused (route_contract_stale) until it is re-verified"
     if contract.verified_at is None:
-        return [(("routes", rid, "contract", "max_age"), f"max_age is set but verified_at "
-                 f"is not: {refused}")]
+        return [
+            (
+                ("routes", rid, "contract", "max_age"),
+                f"max_age is set but verified_at is not: {refused}",
+            )
+        ]
     stale_at = contract.verified_at + age
     if stale_at <= now:
-        return [(loc, f"the contract went stale on {stale_at:%Y-%m-%d %H:%M} UTC "
-                 f"(verified {contract.verified_at:%Y-%m-%d}, max_age {contract.max_age}): "
-                 f"{refused}")]
+        return [
+            (
+                loc,
+                f"the contract went stale on {stale_at:%Y-%m-%d %H:%M} UTC "
+                f"(verified {contract.verified_at:%Y-%m-%d}, max_age {contract.max_age}): "
+                f"{refused}",
+            )
+        ]
     return []
 
 

@@ -111,7 +111,9 @@ class Metrics:
             "ncap_budget_spent", "Settled usage in the current window", labels, registry=r
         )
         self.budget_reserved = Gauge(
-            "ncap_budget_reserved", "Held by unsettled reservations in the window", labels,
+            "ncap_budget_reserved",
+            "Held by unsettled reservations in the window",
+            labels,
             registry=r,
         )
         self.budget_limit = Gauge(
@@ -119,7 +121,9 @@ class Metrics:
         )
         ex = ["exception", "workload"]
         self.exception_spent = Gauge(
-            "ncap_exception_budget_spent_micros", "Settled spend through an exception", ex,
+            "ncap_exception_budget_spent_micros",
+            "Settled spend through an exception",
+            ex,
             registry=r,
         )
         self.exception_reserved = Gauge(
@@ -153,7 +157,9 @@ class Metrics:
             registry=r,
         )
         self.route_failures = Counter(
-            "ncap_route_failures", "Failed upstream attempts by reason", ["route", "reason"],
+            "ncap_route_failures",
+            "Failed upstream attempts by reason",
+            ["route", "reason"],
             registry=r,
         )
 
@@ -204,4 +210,3 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-

@@ -45,8 +45,15 @@ log = logging.getLogger("ncap.health")
 # counted apart (``multi_candidate="true"``) so the operator's search for such callers
 # is one query
 MULTI_CANDIDATE_FIELDS = frozenset(
-    {"best_of", "candidate_count", "candidateCount", "num_return_sequences",
-     "num_generations", "num_samples", "n_candidates"}
+    {
+        "best_of",
+        "candidate_count",
+        "candidateCount",
+        "num_return_sequences",
+        "num_generations",
+        "num_samples",
+        "n_candidates",
+    }
 )
 
 
@@ -74,8 +81,10 @@ class StoreGauges:
         """Re-read the stores unless the last snapshot is recent; a store that fails
         leaves the previous values (``/readyz`` is where store health is reported)."""
         async with self._lock:
-            if not force and self._at is not None and (
-                time.monotonic() - self._at < self._max_age_s
+            if (
+                not force
+                and self._at is not None
+                and (time.monotonic() - self._at < self._max_age_s)
             ):
                 return
             try:
