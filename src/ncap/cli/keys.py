@@ -46,11 +46,29 @@ _NEW_FILE_HEADER = (
 )
 
 
-def _yaml() -> YAML:
+def _yaml(mapping: int = 2, offset: int = 2) -> YAML:
     y = YAML(typ="rt")
     y.preserve_quotes = True
     y.width = 4096  # never re-wrap a long line the operator wrote
+    y.indent(mapping=mapping, sequence=mapping + offset, offset=offset)
     return y
+
+
+def _indent(text: str) -> tuple[int, int]:
+    """The file's own indentation (nested mapping indent, dash offset under its key), so
+    a rewrite keeps its style and the columns of its comments."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    depth = [len(ln) - len(ln.lstrip(" ")) for ln in lines]
+    nested = [
+        d for ln, d in zip(lines, depth, strict=True) if d and not ln.lstrip().startswith("-")
+    ]
+    mapping = min(nested, default=2)
+    offset = 2
+    for i, ln in enumerate(lines):
+        if ln.lstrip().startswith("- ") and i and lines[i - 1].rstrip().endswith(":"):
+            offset = max(depth[i] - depth[i - 1], 0)
+            break
+    return mapping, offset
 
 
 def _read(path: Path) -> Any:
@@ -59,7 +77,8 @@ def _read(path: Path) -> Any:
         doc.yaml_set_start_comment(_NEW_FILE_HEADER)
         return doc
     try:
-        doc = _yaml().load(path.read_text())
+        text = path.read_text()
+        doc = _yaml(*_indent(text)).load(text)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except Exception as exc:  # ruamel's parser errors share no public base class
@@ -71,15 +90,15 @@ def _read(path: Path) -> Any:
     return doc
 
 
-def _dump(doc: Any) -> str:
+def _dump(doc: Any, style: tuple[int, int]) -> str:
     buf = io.StringIO()
-    _yaml().dump(doc, buf)
+    _yaml(*style).dump(doc, buf)
     return buf.getvalue()
 
 
 def _write_checked(path: Path, doc: Any) -> Config:
     """Validate the new text, then replace the file atomically (mode kept)."""
-    text = _dump(doc)
+    text = _dump(doc, _indent(path.read_text()) if path.exists() else (2, 2))
     config = parse_config(text, source=str(path))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
