@@ -99,7 +99,11 @@ def _dump(doc: Any, style: tuple[int, int]) -> str:
 def _write_checked(path: Path, doc: Any) -> Config:
     """Validate the new text, then replace the file atomically (mode kept)."""
     text = _dump(doc, _indent(path.read_text()) if path.exists() else (2, 2))
-    config = parse_config(text, source=str(path))
+    try:
+        config = parse_config(text, source=str(path))
+    except ConfigError as exc:
+        note = f"{path} was not changed: with this change it would not be valid"
+        raise ConfigError(note, [note, *exc.problems]) from None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     if path.exists():
@@ -145,10 +149,7 @@ def create(
         entry["label"] = label
     entry["created"] = datetime.now(UTC).replace(microsecond=0).isoformat()
     keys.append(entry)
-    try:
-        _write_checked(path, doc)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: not changed", exc.problems) from None
+    _write_checked(path, doc)
     err.print(f"stored the key's hash in {path}; the key is shown once:", highlight=False)
     typer.echo(key)
 
@@ -197,10 +198,7 @@ def revoke(
     if len(matches) > 1:
         raise ConfigError(f"{path}: {len(matches)} keys match {key!r}; give a longer prefix")
     removed = keys.pop(matches[0])
-    try:
-        _write_checked(path, doc)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: not changed", exc.problems) from None
+    _write_checked(path, doc)
     name = _get(removed, "label") or str(_get(removed, "hash"))[:19]
     err.print(
         f"revoked {name} (workload {_get(removed, 'workload')}); restart the gateway to apply",

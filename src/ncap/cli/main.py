@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from typer.core import TyperGroup
 
 from ncap.cli.keys import keys_app
 from ncap.config import Config, load_config, resolved, warnings_for
@@ -34,7 +35,24 @@ HELP = (
     "docs/configuration.md, docs/ledger.md."
 )
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
+
+class _Group(TyperGroup):
+    """The root command group: a user's mistake raised by any subcommand (an
+    ``NcapError``, an ``OSError``) becomes its message and exit status 2 here, so the
+    commands behave the same under ``main`` and under a test runner."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NcapError as exc:
+            _print_problems(exc)
+            raise typer.Exit(2) from None
+        except OSError as exc:
+            _print_os_error(exc)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP, cls=_Group)
 app.add_typer(keys_app, name="keys")
 
 ConfigOpt = Annotated[
@@ -164,13 +182,11 @@ def main() -> None:
     """Run the CLI; map every error a user can cause to a message and an exit status."""
     try:
         app()
-    except NcapError as exc:  # ConfigError and the stores' own refusals
-        for problem in getattr(exc, "problems", None) or [str(exc)]:
-            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+    except NcapError as exc:  # raised outside a command (e.g. while mounting)
+        _print_problems(exc)
         sys.exit(2)
-    except OSError as exc:  # a port in use, a directory that cannot be written, …
-        where = f": {exc.filename}" if exc.filename else ""
-        err.print(f"[red]error[/red] {exc.strerror or exc}{where}", highlight=False)
+    except OSError as exc:
+        _print_os_error(exc)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -183,6 +199,17 @@ def main() -> None:
             highlight=False,
         )
         sys.exit(1)
+
+
+def _print_problems(exc: NcapError) -> None:
+    for problem in getattr(exc, "problems", None) or [str(exc)]:
+        err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+
+
+def _print_os_error(exc: OSError) -> None:
+    """A port in use, a directory that cannot be written, …: the OS's words."""
+    where = f": {exc.filename}" if exc.filename else ""
+    err.print(f"[red]error[/red] {exc.strerror or exc}{where}", highlight=False)
 
 
 def _print_json(obj: Any) -> None:
