@@ -84,3 +84,18 @@ def test_parse_when() -> None:
     )
     with pytest.raises(typer.BadParameter):
         parse_when("last tuesday", now, "--since")
+
+
+def test_help_texts_are_for_users() -> None:
+    from typer.testing import CliRunner
+
+    from ncap.cli.main import app
+
+    top = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert top.exit_code == 0
+    assert "typer + rich" not in top.stdout and "``" not in top.stdout
+    assert "OpenAI-compatible Chat Completions gateway" in top.stdout
+    fake = CliRunner().invoke(app, ["fake-upstream", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(fake.stdout.split())
+    for profile in ("error_500", "missing_usage", "rate_limit", "reset_mid_stream", "timeout"):
+        assert profile in text, profile
