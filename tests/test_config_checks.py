@@ -148,3 +148,44 @@ def test_resolved_config_shows_each_route_only_its_providers_fields() -> None:
     assert out["routes"]["remote"]["base_url"] == "http://x"
     assert out["routes"]["engine"]["n_ctx"] == 8192 and "base_url" not in out["routes"]["engine"]
     assert parse_config(yaml.safe_dump(out)) == parse_config(text)  # still a valid config
+
+
+def test_serve_prints_the_same_warnings_at_start_up(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    old = (datetime.now(UTC) - timedelta(days=45)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = STALE.format(old=old, fresh=old)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "ncap.yaml"
+    path.write_text(
+        f"stores: {{ledger: 'sqlite:///{tmp_path}/l.db', budgets: 'memory://'}}\n" + text
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ncap.cli.main",
+            "serve",
+            "--config",
+            str(path),
+            "--port",
+            str(port),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "listening" in line:
+                break
+        assert any("routes.old.contract.verified_at" in ln and "stale" in ln for ln in lines)
+    finally:
+        proc.terminate()
+        proc.wait(10)

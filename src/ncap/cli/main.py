@@ -88,6 +88,7 @@ def serve(
     from ncap.http.app import create_app
 
     cfg = _config(config)
+    _warn(cfg, config)
     server = cfg.server.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
@@ -122,11 +123,17 @@ def check_config(
     contracts already stale, exceptions already expired."""
     path = file or config
     cfg = _config(path)
-    source = path or (Path("ncap.yaml") if Path("ncap.yaml").exists() else None)
-    if source is not None:
-        for warning in warnings_for(cfg, source.read_text(), str(source), datetime.now(UTC)):
-            err.print(f"[yellow]warning[/yellow] {warning}", highlight=False, soft_wrap=True)
+    _warn(cfg, path)
     typer.echo(yaml.safe_dump(resolved(cfg), sort_keys=False))
+
+
+def _warn(cfg: Config, path: Path | None) -> None:
+    """Print what is valid but refuses requests today (stale contracts, expired grants)."""
+    source = path or (Path("ncap.yaml") if Path("ncap.yaml").exists() else None)
+    if source is None:
+        return
+    for warning in warnings_for(cfg, source.read_text(), str(source), datetime.now(UTC)):
+        err.print(f"[yellow]warning[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
 def _profiles_help() -> str:
