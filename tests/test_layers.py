@@ -7,8 +7,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import ncap
 
 SRC = Path(ncap.__file__).parent
@@ -91,11 +89,6 @@ def test_no_import_cycle_in_src_ncap_outside_the_cli() -> None:
     assert _cycle(graph) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/engine.py and cli/ledger.py import load_or_exit from cli/main.py, which "
-    "mounts them (function-level imports); the CLI's own issue moves load_or_exit lower",
-)
 def test_no_import_cycle_in_src_ncap() -> None:
     assert _cycle(_graph()) is None
 

@@ -23,11 +23,20 @@ from aiohttp import web
 from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config
-from ncap.errors import BodyTooLarge, InvalidApiKey, NcapError
+from ncap.errors import (
+    BodyTooLarge,
+    InvalidApiKey,
+    InvalidRequest,
+    NcapError,
+    PolicyDenied,
+)
+from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers import provider_for
+from ncap.providers.base import Provider
+from ncap.providers.openai import OpenAIProvider
 from ncap.stores import budgets_from_url, ledger_from_url
 
 __all__ = ["create_app"]
@@ -40,6 +49,7 @@ ADMISSION = web.AppKey("admission", Admission)
 CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
+GAUGES = web.AppKey("gauges", StoreGauges)
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
@@ -133,6 +143,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except NcapError as exc:
+        _count_refusal(request.app, exc)
         return error_response(exc, request.get(REQUEST_ID))
     except web.HTTPException as exc:
         return _http_exception(exc)
@@ -141,6 +152,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(
             NcapError("The gateway had an internal error."), request.get(REQUEST_ID)
         )
+
+
+def _count_refusal(app: web.Application, exc: NcapError) -> None:
+    """Body-validation refusals by code; policy denials are counted by the lifecycle."""
+    if isinstance(exc, InvalidRequest) and not isinstance(exc, PolicyDenied):
+        multi = exc.param in MULTI_CANDIDATE_FIELDS
+        app[METRICS].validation_refused(str(exc.code), multi)
 
 
 def _http_exception(exc: web.HTTPException) -> web.Response:
@@ -157,6 +175,12 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
     if not config.keys:
         return Caller("default", "default")
     header = request.headers.get("Authorization", "")
+    if not header.strip():
+        raise InvalidApiKey(
+            "You didn't provide an API key. You need to provide your API key in an "
+            "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY). "
+            "An operator creates keys with `ncap keys create`."
+        )
     scheme, _, key = header.partition(" ")
     if scheme.lower() == "bearer" and key:
         digest = hash_key(key.strip())
@@ -245,8 +269,16 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    await request.app[GAUGES].refresh()  # store-derived gauges, cached briefly
     body, content_type = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def _observed(provider: Provider, route_id: str, metrics: Metrics) -> Provider:
+    """Remote routes report their health; the local engine has its own queue gauge."""
+    if isinstance(provider, OpenAIProvider):
+        return ObservedProvider(provider, route_id, metrics)
+    return provider
 
 
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
@@ -274,15 +306,14 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    accounting = Accounting(
-        config,
-        ledger_from_url(config.stores.ledger),
-        budgets_from_url(config.stores.budgets, gateway_instance=instance),
-        instance=instance,
-        metrics=metrics_,
+    ledger = ObservedLedger(ledger_from_url(config.stores.ledger), metrics_)
+    budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
+    accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
+    gauges = app[GAUGES] = StoreGauges(
+        config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
     )
     routes = {
-        rid: RouteRuntime(rid, route, provider_for(route, route_id=rid))
+        rid: RouteRuntime(rid, route, _observed(provider_for(route, route_id=rid), rid, metrics_))
         for rid, route in config.routes.items()
     }
     app[CONFIG] = config
@@ -300,6 +331,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
 
     async def lifecycle(app: web.Application) -> Any:
         await accounting.start()
+        await gauges.refresh(force=True)
         await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()
