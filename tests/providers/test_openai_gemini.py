@@ -2,6 +2,9 @@
 errors. Inputs are inline JSON and SSE text as the wire carries them; outputs are
 compared whole, so a field that moves or disappears fails a case."""
 
+# Inline wire JSON keeps one Gemini object per line, which is clearer than wrapping it.
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import json
