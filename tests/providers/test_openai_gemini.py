@@ -416,6 +416,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "messages.[0].content.[0].image_url.url",
     ),
     ("only a system message", {"messages": [{"role": "system", "content": "s"}]}, "messages"),
+    ("a seed beyond 32 bits", {"seed": 2**31}, "seed"),
 ]
 
 
@@ -973,3 +974,67 @@ def test_retry_after_header_is_the_fallback_delay() -> None:
     body = b'{"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}}'
     assert translate_error(429, body, retry_after="3").retry_after == 3.0
     assert translate_error(429, body).retry_after is None
+
+
+# --- thought signatures (Gemini 3 refuses a replayed function call without one) ---
+
+
+def test_thought_signature_survives_the_openai_round_trip() -> None:
+    """Gemini's signature rides in the tool call id; sent back, it returns to its part."""
+    answer = _completion(
+        """{"candidates": [{"content": {"parts": [
+              {"functionCall": {"name": "time", "args": {}}, "thoughtSignature": "c2ln"}]},
+            "finishReason": "STOP"}]}"""
+    )
+    (call,) = answer["choices"][0]["message"]["tool_calls"]
+    assert call["id"] == "call_chatcmpl-x_0_0__thought__c2ln"
+    history = [
+        USER,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "14:05"},
+    ]
+    contents = _gemini_body({"messages": history, "tools": [TIME]})["contents"]
+    assert contents[1]["parts"] == [
+        {
+            "thoughtSignature": "c2ln",
+            "functionCall": {"id": "call_chatcmpl-x_0_0", "name": "time", "args": {}},
+        }
+    ]
+    assert contents[2]["parts"][0]["functionResponse"]["id"] == "call_chatcmpl-x_0_0"
+
+
+def test_replay_signature_fills_calls_without_one() -> None:
+    history = [
+        USER,
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "time", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "14:05"},
+    ]
+    _, req = parse_chat_request(
+        json.dumps({"model": "m", "messages": history, "tools": [TIME]}).encode()
+    )
+    plain = msgspec.to_builtins(to_gemini_request(req))
+    assert "thoughtSignature" not in plain["contents"][1]["parts"][0]
+    replayed = msgspec.to_builtins(
+        to_gemini_request(req, replay_signature="skip_thought_signature_validator")
+    )
+    assert (
+        replayed["contents"][1]["parts"][0]["thoughtSignature"]
+        == "skip_thought_signature_validator"
+    )
+
+
+def test_streamed_function_call_carries_its_signature_in_the_id() -> None:
+    chunks = _chunks(
+        'data: {"candidates": [{"content": {"parts": [{"functionCall": {"id": "g1", "name": "time"},'
+        ' "thoughtSignature": "c2ln"}]}, "finishReason": "STOP"}]}\n\n'
+    )
+    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"] == "g1__thought__c2ln"

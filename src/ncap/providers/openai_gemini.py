@@ -100,6 +100,7 @@ __all__ = [
 _T = TypeVar("_T")
 _decode_response = msgspec.json.Decoder(g.GenerateContentResponse).decode
 _decode_error = msgspec.json.Decoder(g.GoogleErrorEnvelope).decode
+_SIGNED = "__thought__"  # tool call id = Gemini's call id + _SIGNED + thought signature
 _DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)(?:;[^,;]*)*;base64,(.*)$", re.DOTALL)
 
 
@@ -111,13 +112,18 @@ def _given(value: _T | UnsetType | None) -> _T | UnsetType:
 # --- request: OpenAI → Gemini ---
 
 
-def to_gemini_request(req: ChatCompletionRequest) -> g.GenerateContentRequest:
+def to_gemini_request(
+    req: ChatCompletionRequest, *, replay_signature: str | None = None
+) -> g.GenerateContentRequest:
     """The Gemini body for a validated chat request (the upstream model goes in the URL).
 
-    Raises ``InvalidValue`` (400, ``param`` naming the field) for what Gemini cannot
-    honour."""
+    ``replay_signature`` is set on replayed function calls that carry no thought
+    signature of their own: Gemini 3 refuses such a history, and Google documents the
+    sentinel ``skip_thought_signature_validator`` for it (the adapter passes it for
+    Gemini 3 models). Raises ``InvalidValue`` (400, ``param`` naming the field) for what
+    Gemini cannot honour."""
     _refuse_unsupported(req)
-    system, contents = _contents(req.messages)
+    system, contents = _contents(req.messages, replay_signature)
     tools, tool_config = _tools(req)
     return g.GenerateContentRequest(
         contents=contents,
@@ -157,6 +163,9 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
     for refused, param, what in checks:
         if refused:
             raise _unsupported(param, what)
+    seed = _given(req.seed)
+    if isinstance(seed, int) and not -(2**31) <= seed < 2**31:
+        raise InvalidValue("Gemini routes take a seed that fits in 32 bits.", param="seed")
 
 
 def _generation_config(req: ChatCompletionRequest) -> g.GenerationConfig:
@@ -203,7 +212,7 @@ def _text_of(content: TextContent) -> str:
 
 
 def _contents(
-    messages: list[ChatCompletionRequestMessage],
+    messages: list[ChatCompletionRequestMessage], replay_signature: str | None
 ) -> tuple[g.Content | UnsetType, list[g.Content]]:
     """System/developer messages become ``systemInstruction`` (in order); the rest become
     ``contents``, consecutive messages of one Gemini role merged into one turn (parallel
@@ -218,7 +227,8 @@ def _contents(
             case ChatCompletionRequestUserMessage():
                 _append(contents, "user", _user_parts(message.content, i))
             case ChatCompletionRequestAssistantMessage():
-                _append(contents, "model", _assistant_parts(message, i, call_names))
+                parts = _assistant_parts(message, i, call_names, replay_signature)
+                _append(contents, "model", parts)
             case ChatCompletionRequestToolMessage():
                 _append(contents, "user", [_tool_result(message, i, call_names)])
             case ChatCompletionRequestFunctionMessage():
@@ -276,7 +286,10 @@ def _blob(data_url: str, param: str) -> g.Blob:
 
 
 def _assistant_parts(
-    message: ChatCompletionRequestAssistantMessage, i: int, call_names: dict[str, str]
+    message: ChatCompletionRequestAssistantMessage,
+    i: int,
+    call_names: dict[str, str],
+    replay_signature: str | None,
 ) -> list[g.Part]:
     parts: list[g.Part] = []
     content = _given(message.content)
@@ -291,8 +304,10 @@ def _assistant_parts(
             raise _unsupported(param, "A custom tool call")
         args = _arguments(call.function.arguments, f"{param}.function.arguments")
         call_names[call.id] = call.function.name
-        fc = g.FunctionCall(id=call.id, name=call.function.name, args=args)
-        parts.append(g.Part(function_call=fc))
+        call_id, _, signature = call.id.partition(_SIGNED)
+        fc = g.FunctionCall(id=call_id, name=call.function.name, args=args)
+        signed = signature or replay_signature
+        parts.append(g.Part(thought_signature=signed or UNSET, function_call=fc))
     return parts
 
 
@@ -326,7 +341,9 @@ def _tool_result(
             param=f"messages.[{i}].tool_call_id",
         )
     response = g.FunctionResponse(
-        id=message.tool_call_id, name=name, response=_result_object(_text_of(message.content))
+        id=message.tool_call_id.partition(_SIGNED)[0],
+        name=name,
+        response=_result_object(_text_of(message.content)),
     )
     return g.Part(function_response=response)
 
@@ -502,14 +519,22 @@ def _keyed(candidates: Iterable[g.Candidate]) -> dict[int, g.Candidate]:
     return keyed
 
 
-def _call_id(call: g.ResponseFunctionCall, prefix: str, index: int, k: int) -> str:
-    return call.id or f"call_{prefix}_{index}_{k}"
+_Call = tuple[g.ResponseFunctionCall, str | None]  # a function call and its thought signature
 
 
-def _parts(candidate: g.Candidate) -> tuple[str | None, list[g.ResponseFunctionCall]]:
+def _call_id(call: _Call, prefix: str, index: int, k: int) -> str:
+    """Gemini's id (or a stable one), with the call's thought signature appended after
+    ``_SIGNED``: the client sends the id back with the tool result, which is how the
+    signature Gemini 3 requires on a replayed call survives an OpenAI round trip."""
+    function, signature = call
+    base = function.id or f"call_{prefix}_{index}_{k}"
+    return f"{base}{_SIGNED}{signature}" if signature else base
+
+
+def _parts(candidate: g.Candidate) -> tuple[str | None, list[_Call]]:
     """Visible text (thought summaries left out) and function calls of a candidate."""
     texts: list[str] = []
-    calls: list[g.ResponseFunctionCall] = []
+    calls: list[_Call] = []
     parts = candidate.content.parts if candidate.content is not None else []
     for part in parts:
         if part.thought:
@@ -517,12 +542,12 @@ def _parts(candidate: g.Candidate) -> tuple[str | None, list[g.ResponseFunctionC
         if part.text is not None:
             texts.append(part.text)
         if part.function_call is not None:
-            calls.append(part.function_call)
+            calls.append((part.function_call, part.thought_signature))
     return ("".join(texts) if texts else None), calls
 
 
-def _args_json(call: g.ResponseFunctionCall) -> str:
-    return json.dumps(call.args or {}, ensure_ascii=False, separators=(",", ":"))
+def _args_json(call: _Call) -> str:
+    return json.dumps(call[0].args or {}, ensure_ascii=False, separators=(",", ":"))
 
 
 def _blocked(resp: g.GenerateContentResponse, provider_request_id: str | None) -> GeminiError:
@@ -568,7 +593,7 @@ def _choice(index: int, candidate: g.Candidate, prefix: str) -> Choice:
         ToolCall(
             id=_call_id(call, prefix, index, k),
             type="function",
-            function=FunctionCall(name=call.name, arguments=_args_json(call)),
+            function=FunctionCall(name=call[0].name, arguments=_args_json(call)),
         )
         for k, call in enumerate(calls)
     ]
@@ -652,7 +677,7 @@ class GeminiStream:
         index: int,
         state: _ChoiceState,
         text: str | None,
-        calls: list[g.ResponseFunctionCall],
+        calls: list[_Call],
     ) -> Delta | None:
         if text is None and not calls:
             return None
@@ -661,7 +686,7 @@ class GeminiStream:
                 index=state.tool_calls + k,
                 id=_call_id(call, self.completion_id, index, state.tool_calls + k),
                 type="function",
-                function={"name": call.name, "arguments": _args_json(call)},
+                function={"name": call[0].name, "arguments": _args_json(call)},
             )
             for k, call in enumerate(calls)
         ]
