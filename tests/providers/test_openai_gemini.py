@@ -8,6 +8,7 @@ compared whole, so a field that moves or disappears fails a case."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -32,6 +33,8 @@ from ncap.providers.openai_gemini import (
     to_gemini_request,
     translate_error,
 )
+from ncap.streaming.sse import iter_events
+from ncap.streaming.sse_data import iter_data
 
 USER = {"role": "user", "content": "Hi"}
 GEMINI_USER = {"role": "user", "parts": [{"text": "Hi"}]}
@@ -1038,3 +1041,38 @@ def test_streamed_function_call_carries_its_signature_in_the_id() -> None:
         ' "thoughtSignature": "c2ln"}]}, "finishReason": "STOP"}]}\n\n'
     )
     assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"] == "g1__thought__c2ln"
+
+
+# --- what the adapter relays: OpenAI SSE events with their settlement summaries ---
+
+
+async def test_events_and_end_are_relayable_openai_sse() -> None:
+    async def lines() -> AsyncIterator[bytes]:
+        for line in STREAM_N2.encode().splitlines(keepends=True):
+            yield line
+
+    stream = GeminiStream(completion_id="chatcmpl-s", created=9, model="alias")
+    events = [e async for data in iter_data(lines()) for e in stream.events(data)]
+    events += stream.end()
+    assert events[-1].done and events[-1].raw == b"data: [DONE]\n\n"
+
+    async def relayed() -> AsyncIterator[bytes]:
+        for event in events:
+            for line in event.raw.splitlines(keepends=True):
+                yield line
+
+    reparsed = [e async for e in iter_events(relayed())]  # the gateway's own SSE reader
+    assert [e.summary for e in reparsed] == [e.summary for e in events]
+    usage = events[-2].summary
+    assert usage is not None and usage.usage is not None and usage.usage.completion_tokens == 14
+    finishes = [(c.index, c.finish_reason) for e in events if e.summary for c in e.summary.choices]
+    assert (0, "stop") in finishes and (1, "length") in finishes
+
+
+def test_an_error_event_mid_stream_keeps_its_meaning() -> None:
+    data = (
+        b'{"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}}'
+    )
+    with pytest.raises(GeminiError) as caught:
+        decode_stream_event(data)
+    assert (caught.value.kind, caught.value.status) == ("overloaded", 503)

@@ -82,6 +82,7 @@ from ncap.protocol.responses import (
     ToolCallDelta,
     Usage,
 )
+from ncap.streaming.sse import DONE, StreamEvent, encode_event
 
 __all__ = [
     "GeminiError",
@@ -98,6 +99,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_encode = msgspec.json.Encoder().encode
 _decode_response = msgspec.json.Decoder(g.GenerateContentResponse).decode
 _decode_error = msgspec.json.Decoder(g.GoogleErrorEnvelope).decode
 _SIGNED = "__thought__"  # tool call id = Gemini's call id + _SIGNED + thought signature
@@ -489,10 +491,21 @@ def decode_response(
         ) from exc
 
 
+class _StreamEvent(g.GenerateContentResponse, kw_only=True):
+    """A stream event; Google ends a failing stream with an ``{"error": …}`` event, which
+    is not part of GenerateContentResponse (hence fenced off here)."""
+
+    error: g.GoogleError | None = None
+
+
+_decode_event = msgspec.json.Decoder(_StreamEvent).decode
+
+
 def decode_stream_event(data: bytes) -> g.GenerateContentResponse:
-    """One SSE event's ``data`` (a whole GenerateContentResponse)."""
+    """One SSE event's ``data`` (a whole GenerateContentResponse); an error event raises
+    its ``GeminiError``."""
     try:
-        return _decode_response(data)
+        event = _decode_event(data)
     except msgspec.DecodeError as exc:
         raise GeminiError(
             "protocol",
@@ -500,6 +513,9 @@ def decode_stream_event(data: bytes) -> g.GenerateContentResponse:
             "The upstream provider sent a malformed stream event.",
             upstream_message=str(exc),
         ) from exc
+    if event.error is not None:
+        raise _from_google(event.error.code or 500, event.error, None, None)
+    return event
 
 
 def _keyed(candidates: Iterable[g.Candidate]) -> dict[int, g.Candidate]:
@@ -649,6 +665,15 @@ class GeminiStream:
             return []
         return [self._chunk([], usage=self.usage)]
 
+    def events(self, data: bytes) -> list[StreamEvent]:
+        """One Gemini event's ``data`` in, the OpenAI SSE events to relay out (raw bytes
+        with their settlement summary): what the adapter yields to the relay."""
+        return [_event(chunk) for chunk in self.feed(decode_stream_event(data))]
+
+    def end(self) -> list[StreamEvent]:
+        """At the stream's clean end: the usage event (if any), then ``[DONE]``."""
+        return [*map(_event, self.close()), StreamEvent(DONE, None, done=True)]
+
     def _candidate(self, index: int, candidate: g.Candidate) -> list[ChatCompletionChunk]:
         state = self.choices.setdefault(index, _ChoiceState())
         if state.finish is not None:
@@ -709,6 +734,10 @@ class GeminiStream:
             model=self.model,
             usage=usage,
         )
+
+
+def _event(chunk: ChatCompletionChunk) -> StreamEvent:
+    return StreamEvent(encode_event(_encode(chunk)), summarize(chunk))
 
 
 def summarize(obj: ChatCompletion | ChatCompletionChunk) -> ResponseSummary:
@@ -863,6 +892,12 @@ def translate_error(
             provider_request_id=provider_request_id,
             upstream_message=body[:200].decode("utf-8", "replace"),
         )
+    return _from_google(status, error, retry_after, provider_request_id)
+
+
+def _from_google(
+    status: int, error: g.GoogleError, retry_after: str | None, provider_request_id: str | None
+) -> GeminiError:
     kind, message, param, maximum = _classify(status, error)
     return GeminiError(
         kind,
