@@ -4,6 +4,7 @@ profile; its answers are read back through the real translator."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -345,3 +346,18 @@ def test_unknown_profile_is_refused() -> None:
     faults = parse_gemini_faults("refuse_candidates=3,latency=5")
     assert faults.names == {"refuse_candidates", "latency"}
     assert dict(faults.values) == {"refuse_candidates": "3", "latency": "5"}
+
+
+async def test_latency_and_slow_chunks_pace_the_answer(
+    fake: FakeGemini, http: aiohttp.ClientSession
+) -> None:
+    """Lower bounds only: a loaded machine can be slower, never faster."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await _post(http, fake, _request(), headers={"x-fake-latency-ms": "150"})
+    assert loop.time() - start >= 0.14
+    headers = {"x-fake-fault": "slow_chunks=20"}
+    start = loop.time()
+    _, streamed = await _post(http, fake, _request(), stream=True, headers=headers)
+    events = len(_sse(streamed))
+    assert events >= 5 and loop.time() - start >= 0.019 * events

@@ -14,7 +14,8 @@ missing key is a 403 and a wrong one Gemini's 400 ``API_KEY_INVALID``.
 Faults: every profile of the OpenAI fake (``_fake_faults``; errors rendered the Gemini
 way: 429 RESOURCE_EXHAUSTED with ``RetryInfo``, 503 UNAVAILABLE, 500 INTERNAL, 504
 DEADLINE_EXCEEDED), selected the same way (``--profile``, ``x-fake-fault``,
-``x-fake-fail-times``/``x-fake-fail-key``, ``x-fake-*`` parameters), plus:
+``x-fake-fail-times``/``x-fake-fail-key``, ``x-fake-*`` parameters; ``usage_with_choices``
+changes nothing here, since Gemini's usage always rides on the candidates' events), plus:
 
     refuse_candidates[=MAX]  candidateCount > MAX (default 1) is a 400: "Multiple
                              candidates is not enabled for this model" (MAX 1) or the
