@@ -23,6 +23,7 @@ from ncap.domain.probe import (
     ProbeReply,
     StreamReply,
     derive_contract,
+    probe_requests,
     stated_maximum,
 )
 from ncap.errors import RouteDoesNotSupportCandidates
@@ -206,8 +207,10 @@ def test_derivation(reply: ProbeReply, stream: StreamReply, expected: dict[str, 
     [
         ([_choice(0, "length"), _choice(1, "length")], 16, 0, "shared", "per_candidate"),
         ([_choice(0, "length"), _choice(1, "stop")], 8, 0, "per_candidate", "shared"),
-        # reasoning is not visible output: 8 visible of 40 fit in one ceiling
-        ([_choice(0, "length"), _choice(1, "length")], 40, 32, "per_candidate", "shared"),
+        # reasoning is not visible output: 24 visible of 40 are above one ceiling
+        ([_choice(0, "length"), _choice(1, "length")], 40, 16, "shared", "per_candidate"),
+        # little visible output with reasoning proves nothing (thoughts spend the budget)
+        ([_choice(0, "length"), _choice(1, "length")], 40, 32, "per_candidate", "per_candidate"),
         # nothing reached the ceiling: not revealed, the previous value stays
         ([_choice(0), _choice(1)], 6, 0, "shared", "shared"),
     ],
@@ -367,6 +370,8 @@ async def test_probe_of_the_fake_gemini_and_the_policy_acting_on_it(
     )
     contract = findings.contract
     assert (contract.candidates, contract.stream_usage) == (candidates, stream_usage)
+    if candidates == "native":  # both candidates stop at the ceiling: usage reveals the cap
+        assert contract.output_cap == "per_candidate"
     later = NOW + timedelta(days=1)
     check_route(contract, "gem", 1, now=later, expected_fingerprint=PRINT)  # n=1 always served
     if n3_refused:
@@ -397,3 +402,18 @@ def test_gemini_error_is_what_a_lifecycle_failure_wraps() -> None:
         now=NOW,
     )
     assert (findings.candidates, findings.stated_maximum) == ("refused", 1)
+
+
+def test_probe_requests_validate_and_ask_for_stream_usage() -> None:
+    from ncap.protocol.validate import parse_chat_request
+
+    plain, streamed = probe_requests("gem-alias", ceiling=CEILING)
+    for body in (plain, streamed):
+        _, request = parse_chat_request(msgspec.json.encode(body))
+        assert (request.n, request.max_completion_tokens, request.model) == (
+            2,
+            CEILING,
+            "gem-alias",
+        )
+    assert streamed["stream"] is True and streamed["stream_options"] == {"include_usage": True}
+    assert "stream" not in plain

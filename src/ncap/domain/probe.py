@@ -13,8 +13,9 @@ the instant and the fingerprint are parameters.
 - ``stream_usage``: ``include_usage`` when the stream carried a usage chunk, else ``none``.
 - ``output_cap``: only where usage reveals it: every choice stopped at the ceiling and
   the visible output (completion minus reasoning) is above one ceiling → ``per_candidate``;
-  choices stopped at the ceiling and the output fits in one ceiling → ``shared``;
-  otherwise the previous value stays.
+  choices stopped at the ceiling and the output fits in one ceiling, with no reasoning
+  tokens (which may have spent each candidate's budget) → ``shared``; otherwise the
+  previous value stays.
 - Anything else (429, 5xx, a refused credential) proves nothing: ``ProbeInconclusive``,
   and no record is written.
 """
@@ -36,6 +37,7 @@ __all__ = [
     "ProbeReply",
     "StreamReply",
     "derive_contract",
+    "probe_requests",
     "stated_maximum",
 ]
 
@@ -214,13 +216,35 @@ def _output_cap(
         return None
     details = usage.get("completion_tokens_details")
     reasoning = details.get("reasoning_tokens") if isinstance(details, Mapping) else None
-    visible = usage["completion_tokens"] - (reasoning if isinstance(reasoning, int) else 0)
+    thought = reasoning if isinstance(reasoning, int) else 0
+    visible = usage["completion_tokens"] - thought
     at_ceiling = [c for c in choices if c.get("finish_reason") == "length"]
     if len(at_ceiling) == n and visible > ceiling:
         return "per_candidate"
-    if at_ceiling and visible <= ceiling:
+    # Reasoning may have spent a candidate's own budget (Gemini counts thoughts in
+    # maxOutputTokens), so little visible output proves "shared" only without it.
+    if at_ceiling and visible <= ceiling and thought == 0:
         return "shared"
     return None
+
+
+def probe_requests(
+    model: str, *, n: int = 2, ceiling: int = 16
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The probe's two bodies (non-streamed, streamed), sent to the route as ``model``.
+
+    The prompt asks for more than ``ceiling`` tokens, so that every choice stops at the
+    ceiling and the usage can reveal the output-cap semantics; ``temperature`` 1 keeps
+    ``n`` > 1 clear of greedy-sampling rules. When the first is refused, stream with
+    ``n`` = 1 (``stream_usage`` is then all the stream can tell)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Count from 1 to 200, one number per line."}],
+        "n": n,
+        "max_completion_tokens": ceiling,
+        "temperature": 1.0,
+    }
+    return body, {**body, "stream": True, "stream_options": {"include_usage": True}}
 
 
 def _mode(
