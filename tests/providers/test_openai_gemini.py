@@ -1076,3 +1076,14 @@ def test_an_error_event_mid_stream_keeps_its_meaning() -> None:
     with pytest.raises(GeminiError) as caught:
         decode_stream_event(data)
     assert (caught.value.kind, caught.value.status) == ("overloaded", 503)
+
+
+def test_a_cut_stream_reports_no_usage_and_no_done() -> None:
+    """Gemini puts running usage on every event and has no end marker: a stream cut
+    before every candidate finished must not settle from its partial usage."""
+    stream = GeminiStream(completion_id="c", created=0, model="m")
+    first = _sse_payloads(STREAM_N2)[:2]  # both candidates started, none finished
+    for data in first:
+        stream.events(data)
+    assert stream.usage is not None  # Gemini did report running usage
+    assert (stream.complete, stream.close(), stream.end()) == (False, [], [])

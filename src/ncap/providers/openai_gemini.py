@@ -659,9 +659,16 @@ class GeminiStream:
         self.model_version = event.model_version or self.model_version
         return chunks
 
+    @property
+    def complete(self) -> bool:
+        """Every choice seen has finished. Gemini has no end marker and reports usage on
+        every event, so a stream cut between events looks clean: this tells them apart."""
+        return bool(self.choices) and all(c.finish is not None for c in self.choices.values())
+
     def close(self) -> list[ChatCompletionChunk]:
-        """The usage chunk, when Gemini reported usage."""
-        if self.usage is None:
+        """The usage chunk, when Gemini reported usage and the stream is complete; a cut
+        stream's running usage is not the attempt's usage, so it stays unreported."""
+        if self.usage is None or not self.complete:
             return []
         return [self._chunk([], usage=self.usage)]
 
@@ -671,7 +678,11 @@ class GeminiStream:
         return [_event(chunk) for chunk in self.feed(decode_stream_event(data))]
 
     def end(self) -> list[StreamEvent]:
-        """At the stream's clean end: the usage event (if any), then ``[DONE]``."""
+        """At the upstream's end of stream: the usage event and ``[DONE]`` when the stream
+        is complete; nothing when it was cut, so the relay sees a stream that ended
+        without usage or ``[DONE]`` (pending settlement, SPEC §6)."""
+        if not self.complete:
+            return []
         return [*map(_event, self.close()), StreamEvent(DONE, None, done=True)]
 
     def _candidate(self, index: int, candidate: g.Candidate) -> list[ChatCompletionChunk]:
