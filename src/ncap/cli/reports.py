@@ -48,7 +48,7 @@ Format = Literal["table", "json", "html"]
 
 
 def _load(path: Path | None) -> Config:
-    from ncap.cli.main import load_or_exit
+    from ncap.cli._load import load_or_exit
 
     return load_or_exit(path)
 
