@@ -38,12 +38,20 @@ def test_unusable_configs_are_refused(text: str, problem: str) -> None:
     assert any(problem in p for p in info.value.problems), info.value.problems
 
 
-def test_max_age_accepts_a_number_of_seconds() -> None:
+def test_max_age_needs_a_unit() -> None:
+    """Decision (docs/decisions.md, issue 13): ``max_age: 30`` is refused, since an
+    operator who writes 30 means days far more often than seconds."""
     text = """
 models: {m: [r]}
 routes:
-  r: {provider: openai, base_url: 'http://x', contract: {candidates: native, max_age: 3600}}
+  r: {provider: openai, base_url: 'http://x', contract: {candidates: native, max_age: 30}}
 """
-    contract = parse_config(text).routes["r"].contract
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert info.value.problems == [
+        "<config>: routes.r.contract.max_age (line 4): a bare number is ambiguous: "
+        "write the unit, e.g. 30d, 30h or 30s"
+    ]
+    contract = parse_config(text.replace("max_age: 30", "max_age: 3600s")).routes["r"].contract
     assert contract.max_age_delta is not None
     assert contract.max_age_delta.total_seconds() == 3600

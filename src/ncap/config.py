@@ -9,12 +9,14 @@ fix files faster from a full list.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
-from collections.abc import Iterable
+import types
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,11 +29,17 @@ __all__ = [
     "ExceptionGrant",
     "KeyEntry",
     "Pricing",
+    "Reports",
     "Route",
+    "Thresholds",
     "Workload",
     "default_config",
     "load_config",
+    "parse_config",
     "parse_duration",
+    "reference_problems",
+    "resolved",
+    "warnings_for",
 ]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -68,6 +76,9 @@ class Server(_Model):
     # lost: its in-flight rows become gateway_lost and its holds stay counted
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_timeout_s: float = Field(15.0, gt=0)
+    # how long a /metrics scrape may reuse the last store snapshot (ledger and budget
+    # gauges); 0 re-reads the stores on every scrape
+    metrics_cache_s: float = Field(2.0, ge=0)
 
     @property
     def is_loopback(self) -> bool:
@@ -107,6 +118,8 @@ class KeyEntry(_Model):
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     workload: str
     environment: str = "production"
+    label: str | None = None  # a name for `ncap keys list` / `ncap keys revoke`
+    created: datetime | None = None
 
 
 class Workload(_Model):
@@ -161,13 +174,19 @@ class Contract(_Model):
     verified_at: datetime | None = None
     max_age: str | None = None
     fingerprint: Fingerprint | None = None
+    # what a well-formed upstream error answer (a JSON error envelope, e.g. a 500) says
+    # about billing: ``unbilled`` (nothing was generated: settle at zero) or ``unknown``
+    # (hold the reservation until reconciled); see docs/configuration.md
+    error_responses: Literal["unbilled", "unknown"] = "unbilled"
 
     @field_validator("max_age", mode="before")
     @classmethod
     def _max_age(cls, v: object) -> object:
-        """A duration string, or a plain number of seconds."""
+        """A duration with its unit; a bare number is refused: ``30`` could mean days."""
         if isinstance(v, int | float) and not isinstance(v, bool):
-            v = f"{v}s"
+            raise ValueError(
+                f"a bare number is ambiguous: write the unit, e.g. {v:g}d, {v:g}h or {v:g}s"
+            )
         if isinstance(v, str):
             parse_duration(v)
         return v
@@ -214,6 +233,35 @@ class Route(_Model):
         return self
 
 
+class Thresholds(_Model):
+    """What the audit and the daily report flag (``reports.thresholds``); None: no check."""
+
+    output_tokens_per_request_p95: int | None = Field(None, ge=0)
+    output_tokens_per_request_mean: float | None = Field(None, ge=0)
+    denial_rate: float | None = Field(0.05, ge=0, le=1)
+    mismatch_rate: float | None = Field(0.0, ge=0, le=1)
+    pending_count: int | None = Field(None, ge=0)
+    pending_age: str | None = "24h"
+    exception_budget_warn: float = Field(0.8, gt=0, le=1)
+    distribution_shift_psi: float = Field(0.2, gt=0)
+    shift_min_requests: int = Field(100, ge=1)
+
+    @field_validator("pending_age")
+    @classmethod
+    def _age(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    @property
+    def pending_age_delta(self) -> timedelta | None:
+        return parse_duration(self.pending_age) if self.pending_age else None
+
+
+class Reports(_Model):
+    thresholds: Thresholds = Thresholds()
+
+
 class Config(_Model):
     server: Server = Server()
     stores: Stores = Stores()
@@ -223,43 +271,98 @@ class Config(_Model):
     exceptions: list[ExceptionGrant] = []
     models: dict[str, list[str]] = {}
     routes: dict[str, Route] = {}
+    reports: Reports = Reports()
 
     @model_validator(mode="after")
     def _references(self) -> Config:
-        problems: list[str] = []
-        if not self.keys and "default" not in self.workloads:
-            problems.append(
-                "workloads: without keys every request is workload 'default', which is missing"
-            )
-        problems += [
-            f"workloads.{name}.models: unknown model alias {alias!r}"
-            for name, w in self.workloads.items()
-            for alias in w.models
-            if alias != "*" and alias not in self.models
-        ]
-        for alias, chain in self.models.items():
-            if not chain:
-                problems.append(f"models.{alias}: a route chain needs at least one route")
-            problems += [
-                f"models.{alias}: unknown route {rid!r}" for rid in chain if rid not in self.routes
-            ]
-        problems += [
-            f"exceptions.{e.id}: unknown workload {e.workload!r}"
-            for e in self.exceptions
-            if e.workload not in self.workloads
-        ]
-        problems += [
-            f"keys: unknown workload {k.workload!r}"
-            for k in self.keys
-            if k.workload not in self.workloads
-        ]
-        ids = [e.id for e in self.exceptions]
-        problems += [
-            f"exceptions: duplicate id {i!r}" for i in {i for i in ids if ids.count(i) > 1}
-        ]
+        """Cross-section references; ``parse_config`` reports the same with lines."""
+        problems = reference_problems(self.model_dump(mode="json"))
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in problems))
         return self
+
+
+Loc = tuple[str, ...]
+
+
+def reference_problems(raw: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """Every reference across sections that points nowhere, with the place it is written.
+
+    Runs on the raw mapping as well as on a validated ``Config``, so a file gets these
+    in the same run as its field errors; malformed sections are skipped (the field
+    checks report them).
+    """
+    workloads = _mapping(raw.get("workloads", {"default": {}}))
+    models = _mapping(raw.get("models"))
+    routes = _mapping(raw.get("routes"))
+    keys = _entries(raw.get("keys"))
+    exceptions = _entries(raw.get("exceptions"))
+    out: list[tuple[Loc, str]] = []
+    if not keys and "default" not in workloads:
+        out.append(
+            (
+                ("workloads",),
+                "without keys every request is workload 'default', "
+                "which is missing: add a `default` workload or create a key",
+            )
+        )
+    for name, w in workloads.items():
+        for i, alias in enumerate(_entries(_mapping(w).get("models", ["*"]))):
+            if alias != "*" and alias not in models:
+                out.append(
+                    (
+                        (("workloads", str(name), "models", str(i))),
+                        f"unknown model alias {alias!r}{_hint(alias, models)}",
+                    )
+                )
+    for alias, chain in models.items():
+        if isinstance(chain, list) and not chain:
+            out.append((("models", str(alias)), "a route chain needs at least one route"))
+        for i, rid in enumerate(_entries(chain)):
+            if rid not in routes:
+                out.append(
+                    (("models", str(alias), str(i)), f"unknown route {rid!r}{_hint(rid, routes)}")
+                )
+    for section, entries in (("exceptions", exceptions), ("keys", keys)):
+        for i, entry in enumerate(entries):
+            wid = _mapping(entry).get("workload")
+            if isinstance(wid, str) and wid not in workloads:
+                out.append(
+                    (
+                        (section, str(i), "workload"),
+                        f"unknown workload {wid!r}{_hint(wid, workloads)}",
+                    )
+                )
+    seen: set[str] = set()
+    for i, entry in enumerate(exceptions):
+        eid = _mapping(entry).get("id")
+        if isinstance(eid, str) and eid in seen:
+            out.append((("exceptions", str(i), "id"), f"duplicate id {eid!r}"))
+        seen.add(str(eid))
+    return out
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _entries(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _hint(word: str, known: Iterable[Any]) -> str:
+    """`` (did you mean 'x'?)`` for a near miss, else the known names when there are few."""
+    names = [str(k) for k in known]
+    close = difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    if names and len(names) <= 8:
+        return f" (known: {', '.join(sorted(names))})"
+    return ""
+
+
+def _dotted(loc: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
 
 
 def default_config() -> Config:
@@ -296,38 +399,163 @@ def load_config(path: str | Path | None) -> Config:
     return parse_config(text, source=str(p))
 
 
+# the embedded default's demo: taken as one unit, see ``parse_config``
+_DEMO_SECTIONS = ("workloads", "models", "routes")
+
+
 def parse_config(text: str, source: str = "<config>") -> Config:
+    """Validate ``text``; every problem is reported with its dotted path and line.
+
+    What an existing file means (one rule, docs/configuration.md): a file that writes
+    none of ``workloads``, ``models``, ``routes`` keeps the embedded demo's three
+    sections (so an empty or a keys-only file still serves ``smollm2`` with n up to 4);
+    a file that writes any of them defines all three itself. Every other section the
+    file leaves out takes its field defaults, which are the embedded default's.
+    """
     try:
         raw = yaml.safe_load(text)
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
     if raw is None:
-        return default_config()  # an empty file is the embedded default
+        raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
-    if "models" not in raw and "routes" not in raw:
-        embedded = default_config()
-        raw = {
-            **raw,
-            "models": embedded.models,
-            "routes": {k: r.model_dump(mode="json") for k, r in embedded.routes.items()},
-        }
+    if not any(section in raw for section in _DEMO_SECTIONS):
+        raw = {**raw, **_demo_sections()}
+    references = reference_problems(raw)
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
-        problems = list(_describe(exc.errors(), root, source))
+        problems = [*_describe(exc.errors(), root, source), *_located(references, root, source)]
+        if not problems:  # cannot happen: the reference check is the only one at the top
+            problems = [f"{source}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(f"{source}: {len(problems)} problem(s)", problems) from None
+    return config
+
+
+def _demo_sections() -> dict[str, Any]:
+    demo = default_config().model_dump(mode="json", exclude_defaults=True)
+    return {section: demo.get(section, {}) for section in _DEMO_SECTIONS}
+
+
+def _located(problems: Iterable[tuple[Loc, str]], root: yaml.Node | None, source: str) -> list[str]:
+    out = []
+    for loc, msg in problems:
+        line = _line_of(root, list(loc))
+        at = f" (line {line})" if line else ""
+        out.append(f"{source}: {_dotted(loc)}{at}: {msg}")
+    return out
 
 
 def _describe(errors: Iterable[Any], root: yaml.Node | None, source: str) -> Iterable[str]:
     for err in errors:
+        if not err["loc"]:
+            continue  # Config._references: reported by ``_located`` with real places
         loc = [str(part) for part in err["loc"]]
         line = _line_of(root, loc)
-        where = ".".join(loc) or "(top level)"
         at = f" (line {line})" if line else ""
         msg = err["msg"].removeprefix("Value error, ")
-        yield f"{source}: {where}{at}: {msg}"
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field {loc[-1]!r}{_field_hint(err['loc'])}"
+        yield f"{source}: {_dotted(loc)}{at}: {msg}"
+
+
+def _field_hint(loc: tuple[Any, ...]) -> str:
+    """Did-you-mean for a misspelt key, from the field names of the model it sits in."""
+    model = _model_at(loc[:-1])
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model a location inside the config points into."""
+    annotation: Any = Config
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                return None
+            annotation = field.annotation
+        elif get_origin(annotation) in (dict, list):
+            annotation = get_args(annotation)[-1]
+        else:
+            return None
+    annotation = _unwrap(annotation)
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X | None`` -> ``X``."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def warnings_for(config: Config, text: str, source: str, now: datetime) -> list[str]:
+    """What is valid but will refuse requests today: stale contracts, expired exceptions."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        root = None
+    found: list[tuple[Loc, str]] = []
+    for rid, route in config.routes.items():
+        found += _contract_warnings(rid, route.contract, now)
+    for i, grant in enumerate(config.exceptions):
+        if grant.expires <= now:
+            found.append(
+                (
+                    (("exceptions", str(i), "expires")),
+                    f"exception {grant.id!r} expired on {grant.expires:%Y-%m-%d}: it is ignored",
+                )
+            )
+    return _located(found, root, source)
+
+
+def _contract_warnings(rid: str, contract: Contract, now: datetime) -> list[tuple[Loc, str]]:
+    age = contract.max_age_delta
+    if age is None or contract.candidates in (None, "unsupported"):
+        return []
+    loc: Loc = ("routes", rid, "contract", "verified_at")
+    refused = "n > 1 on this route is refused (route_contract_stale) until it is re-verified"
+    if contract.verified_at is None:
+        return [
+            (
+                ("routes", rid, "contract", "max_age"),
+                f"max_age is set but verified_at is not: {refused}",
+            )
+        ]
+    stale_at = contract.verified_at + age
+    if stale_at <= now:
+        return [
+            (
+                loc,
+                f"the contract went stale on {stale_at:%Y-%m-%d %H:%M} UTC "
+                f"(verified {contract.verified_at:%Y-%m-%d}, max_age {contract.max_age}): "
+                f"{refused}",
+            )
+        ]
+    return []
+
+
+_LOCAL_ONLY = ("model_path", "n_ctx", "max_sequences", "max_queue", "threads")
+_REMOTE_ONLY = ("base_url", "api_key_env", "headers", "connect_timeout_s", "max_connections")
+
+
+def resolved(config: Config) -> dict[str, Any]:
+    """The config with every default filled in, each route showing only the fields its
+    provider uses (``check-config`` prints this)."""
+    out = config.model_dump(mode="json")
+    for rid, route in config.routes.items():
+        hidden = _LOCAL_ONLY if route.provider != "local" else _REMOTE_ONLY
+        for name in hidden:
+            out["routes"][rid].pop(name, None)
+    return out
 
 
 def _line_of(node: yaml.Node | None, loc: list[str]) -> int | None:

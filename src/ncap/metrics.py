@@ -1,7 +1,14 @@
 """Prometheus metrics, on a registry owned by the app (no module-level state).
 
 Labels are bounded, operator-defined values only (policy result and reason, route id,
-workload id): nothing a client sent ends up in a label.
+workload id, exception id, window name, a fixed set of outcome and failure codes):
+nothing a client sent ends up in a label. Every family is described for operators in
+``docs/operations.md``.
+
+Gauges that describe the stores (pending reconciliation, budgets, reservations) are
+*set* from a store snapshot (``ncap.http.observe.StoreGauges``) on start-up and on
+scrape, not counted in-process, so they stay true after a restart and after another
+process (``ncap reconcile import``) changed the ledger.
 """
 
 from __future__ import annotations
@@ -18,15 +25,28 @@ from prometheus_client import (
     generate_latest,
 )
 
-__all__ = ["Metrics"]
+__all__ = ["BUDGET_WINDOWS", "ROUTE_FAILURE_REASONS", "Metrics"]
 
 _CANDIDATE_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64, 128)
+
+# the ``window`` label of the budget gauges: tokens, requests, or micro-USD per window
+BUDGET_WINDOWS = (
+    "tokens_minute",
+    "requests_minute",
+    "tokens_day",
+    "usd_micros_day",
+    "usd_micros_month",
+    "concurrency",
+)
+# the ``reason`` label of ``ncap_route_last_failure``: a closed set, never upstream text
+ROUTE_FAILURE_REASONS = ("timeout", "connection", "status_429", "status_5xx", "protocol")
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._route_up: dict[str, bool] = {}
         r = self.registry
         self.requests = Counter(
             "ncap_requests",
@@ -69,6 +89,79 @@ class Metrics:
         self.engine_queue_depth = Gauge(
             "ncap_engine_queue_depth", "Requests waiting in the local engine's queue", registry=r
         )
+        self._budget_families(r)
+        self._route_families(r)
+        self.validation_refusals = Counter(
+            "ncap_validation_refusals",
+            "Requests refused by body validation, by error code (multi_candidate: a field "
+            "that could request several choices, e.g. best_of)",
+            ["code", "multi_candidate"],
+            registry=r,
+        )
+        self.cost_micros = Counter(
+            "ncap_cost_micros",
+            "Settled cost in micro-USD, as recorded in the ledger by this process",
+            ["workload", "route"],
+            registry=r,
+        )
+
+    def _budget_families(self, r: CollectorRegistry) -> None:
+        labels = ["workload", "window"]
+        self.budget_spent = Gauge(
+            "ncap_budget_spent", "Settled usage in the current window", labels, registry=r
+        )
+        self.budget_reserved = Gauge(
+            "ncap_budget_reserved",
+            "Held by unsettled reservations in the window",
+            labels,
+            registry=r,
+        )
+        self.budget_limit = Gauge(
+            "ncap_budget_limit", "The configured limit (absent: unlimited)", labels, registry=r
+        )
+        ex = ["exception", "workload"]
+        self.exception_spent = Gauge(
+            "ncap_exception_budget_spent_micros",
+            "Settled spend through an exception",
+            ex,
+            registry=r,
+        )
+        self.exception_reserved = Gauge(
+            "ncap_exception_budget_reserved_micros", "Held through an exception", ex, registry=r
+        )
+        self.exception_limit = Gauge(
+            "ncap_exception_budget_limit_micros", "An exception's budget_usd", ex, registry=r
+        )
+        self.exception_active = Gauge(
+            "ncap_exception_active", "1 while an exception has not expired", ex, registry=r
+        )
+        self.denials_by_window = Counter(
+            "ncap_budget_exhausted",
+            "budget_exhausted refusals by the window that refused",
+            ["workload", "window"],
+            registry=r,
+        )
+
+    def _route_families(self, r: CollectorRegistry) -> None:
+        self.route_up = Gauge(
+            "ncap_route_up",
+            "1 when the route's last attempt got an answer (any status below 500 except "
+            "429), 0 when it failed; absent until the route is used",
+            ["route"],
+            registry=r,
+        )
+        self.route_last_failure = Gauge(
+            "ncap_route_last_failure_timestamp_seconds",
+            "When the route last failed, by the reason of that failure",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.route_failures = Counter(
+            "ncap_route_failures",
+            "Failed upstream attempts by reason",
+            ["route", "reason"],
+            registry=r,
+        )
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: label sets come from config, so few."""
@@ -77,6 +170,40 @@ class Metrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def route_is_up(self, route: str) -> bool:
+        """True until the route's last attempt failed (unknown routes count as up)."""
+        return self._route_up.get(route, True)
+
+    def route_answered(self, route: str) -> None:
+        """The route answered (a 2xx, or a refusal that shows it is alive)."""
+        self._route_up[route] = True
+        self.child(self.route_up, route).set(1)
+
+    def route_failed(self, route: str, reason: str, at: float) -> bool:
+        """Record one failed attempt; True when the route was up (or unknown) before,
+        so the caller logs the transition once instead of once per attempt."""
+        if reason not in ROUTE_FAILURE_REASONS:
+            reason = "protocol"
+        was_up = self._route_up.get(route, True)
+        self._route_up[route] = False
+        self.child(self.route_up, route).set(0)
+        self.child(self.route_failures, route, reason).inc()
+        self.child(self.route_last_failure, route, reason).set(at)
+        return was_up
+
+    def validation_refused(self, code: str, multi_candidate: bool) -> None:
+        """A body validation refusal (400 before policy), by its OpenAI error code."""
+        self.child(self.validation_refusals, code, "true" if multi_candidate else "false").inc()
+
+    def budget_exhausted(self, workload: str, window: str) -> None:
+        """A ``budget_exhausted`` refusal, by the window that refused (``BUDGET_WINDOWS``
+        or ``exception``)."""
+        self.child(self.denials_by_window, workload, window).inc()
+
+    def cost(self, workload: str, route: str, micros: int) -> None:
+        if micros > 0:
+            self.child(self.cost_micros, workload, route).inc(micros)
 
     def watch_engine_queue(self, depth: Callable[[], float]) -> None:
         self.engine_queue_depth.set_function(depth)

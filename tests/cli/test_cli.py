@@ -10,9 +10,9 @@ import httpx
 import yaml
 from typer.testing import CliRunner
 
+from ncap.auth import hash_key
 from ncap.cli.main import app
 from ncap.config import parse_config
-from ncap.http.app import hash_key
 from ncap.testing.fake_upstream import FakeState
 from tests.support import gateway, gateway_config
 

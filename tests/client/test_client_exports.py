@@ -38,7 +38,7 @@ def test_importing_the_helpers_pulls_no_server_machinery() -> None:
     """Applications import ncap.client without aiohttp, llama.cpp or even openai."""
     code = (
         "import sys, ncap.client\n"
-        "heavy = {'aiohttp', 'llama_cpp', 'openai', 'ncap.service', 'ncap.http', 'ncap.engine'}\n"
+        "heavy = {'aiohttp', 'llama_cpp', 'openai', 'ncap.lifecycle', 'ncap.http', 'ncap.engine'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -67,7 +67,7 @@ def serve(
 
 def _route_settings(config: Path | None, route_id: str) -> EngineSettings:
     """The engine settings of a ``provider: local`` route of the config file."""
-    from ncap.cli.main import load_or_exit
+    from ncap.cli._load import load_or_exit
     from ncap.providers.local import settings_from_route
 
     cfg = load_or_exit(config)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import difflib
 import io
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +24,8 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from ncap.config import Config, parse_duration, utcnow
+from ncap.cli.when import WHEN_HELP, parse_when
+from ncap.config import Config, utcnow
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.domain.money import micros_from_usd
 from ncap.errors import ConfigError
@@ -39,37 +41,47 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML con
 
 
 def _load(path: Path | None) -> Config:
-    from ncap.cli.main import load_or_exit
+    from ncap.cli._load import load_or_exit
 
     return load_or_exit(path)
 
 
 @ledger_app.command("export")
 def export(
-    since: Annotated[str | None, typer.Option(help="Only events newer than this, e.g. 7d")] = None,
+    since: Annotated[str | None, typer.Option(help=f"From this instant: {WHEN_HELP}")] = None,
+    until: Annotated[str | None, typer.Option(help="Before this instant (same forms)")] = None,
     format: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
     config: ConfigOpt = None,
 ) -> None:
-    """Write ledger events (oldest first) to standard output."""
+    """Write ledger events (oldest first) to standard output.
+
+    jsonl: one object per event, exactly the ledger's columns. csv: a flat sheet
+    for spreadsheets (docs/ledger.md): one column per finish reason, booleans as
+    true/false, USD beside micro-USD, empty cells for null."""
     if format not in ("jsonl", "csv"):
         raise typer.BadParameter("use jsonl or csv", param_hint="--format")
-    start = utcnow() - parse_duration(since) if since else None
+    now = utcnow()
+    start = parse_when(since, now, "--since") if since else None
+    end = parse_when(until, now, "--until") if until else None
+    if start and end and end <= start:
+        raise typer.BadParameter("must be later than --since", param_hint="--until")
     cfg = _load(config)
-    asyncio.run(_export(cfg, start, format, sys.stdout))
+    asyncio.run(_export(cfg, start, end, format, sys.stdout))
 
 
-async def _export(cfg: Config, since: datetime | None, fmt: str, out: Any) -> None:
+async def _export(
+    cfg: Config, since: datetime | None, until: datetime | None, fmt: str, out: Any
+) -> None:
     ledger = ledger_from_url(cfg.stores.ledger)
     try:
-        writer = csv.DictWriter(out, fieldnames=list(LEDGER_COLUMNS)) if fmt == "csv" else None
+        writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS)) if fmt == "csv" else None
         if writer:
             writer.writeheader()
-        async for event in ledger.export(since):
-            row = _plain(event)
+        async for event in ledger.export(since, until):
             if writer:
-                writer.writerow({k: _csv_cell(v) for k, v in row.items()})
+                writer.writerow(csv_row(event))
             else:
-                out.write(json.dumps(row) + "\n")
+                out.write(json.dumps(_plain(event)) + "\n")
     finally:
         await ledger.close()
 
@@ -80,32 +92,85 @@ def _plain(event: LedgerEvent) -> dict[str, Any]:
     return row
 
 
-def _csv_cell(value: Any) -> Any:
-    return json.dumps(value) if isinstance(value, dict) else value
+# finish reasons a Chat Completions choice can have; others are counted in ``finish_other``
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call")
+_USD_OF = {"reserved_cost_micros": "reserved_cost_usd", "cost_micros": "cost_usd"}
+
+
+def _csv_columns() -> tuple[str, ...]:
+    out: list[str] = []
+    for name in LEDGER_COLUMNS:
+        if name == "finish_reasons":
+            out += [f"finish_{r}" for r in FINISH_REASONS] + ["finish_other"]
+            continue
+        out.append(name)
+        if name in _USD_OF:
+            out.append(_USD_OF[name])
+    return tuple(out)
+
+
+CSV_COLUMNS = _csv_columns()
+
+
+def csv_row(event: LedgerEvent) -> dict[str, str]:
+    """One event as flat cells: no JSON inside, ``true``/``false``, ``""`` for null."""
+    row = _plain(event)
+    reasons: dict[str, int] = row.pop("finish_reasons") or {}
+    for r in FINISH_REASONS:
+        row[f"finish_{r}"] = reasons.get(r, 0)
+    row["finish_other"] = sum(v for k, v in reasons.items() if k not in FINISH_REASONS)
+    for micros, usd in _USD_OF.items():
+        row[usd] = _usd(row[micros])
+    return {k: _cell(v) for k, v in row.items()}
+
+
+def _usd(micros: int | None) -> str | None:
+    if micros is None:
+        return None
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+_PENDING_COLUMNS = (
+    "timestamp",
+    "request_id",
+    "attempt",
+    "route",
+    "provider_request_id",
+    "state",
+    "reason",
+    "reserved_cost_micros",
+)
 
 
 @reconcile_app.command("list")
 def list_pending(
-    format: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    format: Annotated[
+        str, typer.Option("--format", help="table (a terminal) | tsv (a pipe) | json")
+    ] = "auto",
     config: ConfigOpt = None,
 ) -> None:
-    """Events awaiting reconciliation (pending or usage_reconciliation_required)."""
+    """Events awaiting reconciliation (pending or usage_reconciliation_required).
+
+    Ids are never shortened: on a terminal the table grows wider than the window
+    rather than cut them; into a pipe or a file it is tab-separated plain text."""
+    if format not in ("auto", "table", "tsv", "json"):
+        raise typer.BadParameter("use table, tsv or json", param_hint="--format")
     events = asyncio.run(_pending(_load(config)))
     if format == "json":
         typer.echo(json.dumps([_plain(e) for e in events], indent=2))
         return
-    table = Table(
-        "timestamp",
-        "request_id",
-        "attempt",
-        "route",
-        "provider_request_id",
-        "state",
-        "reason",
-        "reserved_cost_micros",
-    )
-    for e in events:
-        table.add_row(
+    rows = [
+        (
             e.timestamp.isoformat(timespec="seconds"),
             e.request_id,
             str(e.attempt),
@@ -115,8 +180,27 @@ def list_pending(
             e.reconciliation_reason or "",
             str(e.reserved_cost_micros),
         )
-    Console().print(table)
+        for e in events
+    ]
+    if format == "tsv" or (format == "auto" and not sys.stdout.isatty()):
+        for row in (_PENDING_COLUMNS, *rows):
+            typer.echo("\t".join(row))
+    else:
+        _print_table(rows)
     err.print(f"{len(events)} event(s) awaiting reconciliation")
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    table = Table(*_PENDING_COLUMNS)
+    for column in table.columns:
+        column.no_wrap = True
+        column.overflow = "ignore"
+    for row in rows:
+        table.add_row(*row)
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(_PENDING_COLUMNS)]
+    needed = sum(widths) + 3 * len(widths) + 1
+    console = Console()
+    Console(width=max(console.width, needed)).print(table)
 
 
 async def _pending(cfg: Config) -> list[LedgerEvent]:
@@ -132,16 +216,55 @@ def import_file(
     file: Annotated[Path, typer.Argument(help="JSONL or CSV keyed by provider_request_id")],
     config: ConfigOpt = None,
 ) -> None:
-    """Move pending events to ``reconciled`` with the provider's usage; idempotent."""
+    """Move pending events to ``reconciled`` with the provider's usage; idempotent.
+
+    Columns (docs/ledger.md): provider_request_id; input_tokens or prompt_tokens;
+    output_tokens, completion_tokens or output_tokens_total; optional
+    cached_input_tokens or cached_tokens, reasoning_tokens, cost_micros or cost_usd;
+    other columns are ignored.
+    Prints a JSON summary by category. Exit 0: done; 1: the file needs a look
+    (conflicts, ambiguous or unpriced rows, or nothing in it matched the ledger);
+    2: the file or a row is unusable (nothing was imported)."""
     cfg = _load(config)
-    try:
-        rows = parse_reconciliation(file)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem}", highlight=False)
-        raise typer.Exit(2) from None
+    rows = parse_reconciliation(file)
     summary = asyncio.run(_import(cfg, rows))
     typer.echo(json.dumps(summary, indent=2))
+    for line in _attention(summary, len(rows)):
+        err.print(line, highlight=False, soft_wrap=True)
+    if _needs_attention(summary, len(rows)):
+        raise typer.Exit(1)
+
+
+def _needs_attention(summary: dict[str, Any], total: int) -> bool:
+    flagged = summary["conflicts"] or summary["ambiguous"] or summary["unpriced"]
+    return bool(flagged) or (total > 0 and len(summary["unmatched"]) == total)
+
+
+def _attention(summary: dict[str, Any], total: int) -> list[str]:
+    out = [
+        "reconciled {r}, unchanged {u}, not pending {n}, unmatched {m} of {t} row(s)".format(
+            r=len(summary["reconciled"]),
+            u=len(summary["unchanged"]),
+            n=len(summary["not_pending"]),
+            m=len(summary["unmatched"]),
+            t=total,
+        )
+    ]
+    if total and len(summary["unmatched"]) == total:
+        out.append(
+            "error: no row matched a ledger event: is this the right ledger (--config), "
+            "and is provider_request_id the provider's id (x-request-id of its answer)?"
+        )
+    out += [f"conflict: {detail}" for detail in summary.get("conflict_details", [])]
+    out += [
+        f"ambiguous: {pid}: several unsettled attempts share this provider id"
+        for pid in summary["ambiguous"]
+    ]
+    out += [
+        f"unpriced: {pid}: no cost in the row and no route pricing for its event"
+        for pid in summary["unpriced"]
+    ]
+    return out
 
 
 async def _import(cfg: Config, rows: list[ReconciliationRow]) -> dict[str, Any]:
@@ -156,10 +279,12 @@ async def _import(cfg: Config, rows: list[ReconciliationRow]) -> dict[str, Any]:
                 event.total_tokens or 0,
                 event.cost_micros or 0,
             )
+        details = await _conflict_details(ledger, rows, result.conflicts)
         return {
             "reconciled": [e.provider_request_id for e in result.reconciled],
             "unchanged": result.unchanged,
             "conflicts": result.conflicts,
+            "conflict_details": details,
             "unmatched": result.unmatched,
             "not_pending": result.not_pending,
             "unpriced": result.unpriced,
@@ -170,16 +295,46 @@ async def _import(cfg: Config, rows: list[ReconciliationRow]) -> dict[str, Any]:
         await budgets.close()
 
 
-_ALIASES = {
-    "prompt_tokens": "input_tokens",
-    "completion_tokens": "output_tokens",
-    "output_tokens_total": "output_tokens",
-    "cached_tokens": "cached_input_tokens",
+async def _conflict_details(
+    ledger: Any, rows: list[ReconciliationRow], conflicts: list[str]
+) -> list[str]:
+    """What differs between the file and an already reconciled event (one ledger scan,
+    only when there are conflicts)."""
+    if not conflicts:
+        return []
+    wanted = set(conflicts)
+    by_id = {r.provider_request_id: r for r in rows if r.provider_request_id in wanted}
+    out = []
+    async for event in ledger.export():
+        row = by_id.get(event.provider_request_id or "")
+        if row is None or event.state != "reconciled":
+            continue
+        out.append(
+            f"{row.provider_request_id}: the ledger has input_tokens={event.input_tokens} "
+            f"output_tokens={event.output_tokens_total} (reconciled, request "
+            f"{event.request_id}), the file has input_tokens={row.input_tokens} "
+            f"output_tokens={row.output_tokens}; the ledger is not changed"
+        )
+    return out
+
+
+# accepted column names: the canonical name first, then the other names it goes by
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "provider_request_id": ("provider_request_id",),
+    "input_tokens": ("input_tokens", "prompt_tokens"),
+    "output_tokens": ("output_tokens", "completion_tokens", "output_tokens_total"),
+    "cached_input_tokens": ("cached_input_tokens", "cached_tokens"),
+    "reasoning_tokens": ("reasoning_tokens",),
+    "cost_micros": ("cost_micros",),
+    "cost_usd": ("cost_usd",),
 }
+_CANONICAL = {alias: name for name, aliases in COLUMNS.items() for alias in aliases}
 
 
 def parse_reconciliation(path: Path) -> list[ReconciliationRow]:
-    """Rows of a JSONL or CSV export; every problem is reported with its line."""
+    """Rows of a JSONL or CSV export; every problem is reported with its line and the
+    field's accepted names. Unknown columns are a problem too (a misspelt
+    ``input_token`` must not read as a missing one)."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -190,7 +345,8 @@ def parse_reconciliation(path: Path) -> list[ReconciliationRow]:
         try:
             rows.append(_row(record))
         except (KeyError, TypeError, ValueError) as exc:
-            problems.append(f"{path}:{line}: {exc}")
+            message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+            problems.append(f"{path}:{line}: {message}")
     if problems:
         raise ConfigError(f"{path}: {len(problems)} bad row(s)", problems)
     return rows
@@ -214,35 +370,84 @@ def _csv_records(text: str) -> Iterable[tuple[int, Any]]:
     return ((number, record) for number, record in enumerate(reader, 2))
 
 
+def _names(field: str) -> str:
+    aliases = COLUMNS[field]
+    return aliases[0] + (f" (or {' / '.join(aliases[1:])})" if len(aliases) > 1 else "")
+
+
 def _row(record: Any) -> ReconciliationRow:
     if isinstance(record, Exception):
         raise record
     if not isinstance(record, dict):
-        raise TypeError("each row must be an object")
-    data: dict[str, Any] = {
-        _ALIASES.get(str(k), str(k)): v for k, v in record.items() if v not in (None, "")
-    }
+        raise TypeError("each row must be an object with named fields")
+    data = _canonical(record)
     if "provider_request_id" not in data:
-        raise KeyError("provider_request_id is required")
-    cost = data.get("cost_micros")
-    if cost is None and "cost_usd" in data:
-        cost = micros_from_usd(str(data["cost_usd"]))
+        raise _missing(data, "provider_request_id")
     return ReconciliationRow(
         provider_request_id=str(data["provider_request_id"]),
         input_tokens=_count(data, "input_tokens"),
         output_tokens=_count(data, "output_tokens"),
         cached_input_tokens=_count(data, "cached_input_tokens", 0),
         reasoning_tokens=_count(data, "reasoning_tokens", None),
-        cost_micros=int(cost) if cost is not None else None,
+        cost_micros=_cost(data),
     )
+
+
+def _canonical(record: dict[Any, Any]) -> dict[str, Any]:
+    """Map accepted names to canonical ones. Other columns are ignored (provider exports
+    carry many), but kept under ``_unknown`` to hint at a misspelt required field."""
+    data: dict[str, Any] = {"_unknown": []}
+    source: dict[str, str] = {}
+    for key, value in record.items():
+        name = str(key).strip()
+        canonical = _CANONICAL.get(name)
+        if canonical is None:
+            data["_unknown"].append(name)
+            continue
+        if value in (None, ""):
+            continue
+        if canonical in data and data[canonical] != value:
+            raise ValueError(
+                f"{source[canonical]} and {name} name the same field but disagree "
+                f"({data[canonical]!r} vs {value!r})"
+            )
+        data[canonical], source[canonical] = value, name
+    return data
+
+
+def _missing(data: dict[str, Any], name: str) -> KeyError:
+    hint = difflib.get_close_matches(name, data["_unknown"], n=1, cutoff=0.75)
+    guess = f"; the row has {hint[0]!r}: a misspelling?" if hint else ""
+    return KeyError(f"{_names(name)} is required{guess}")
 
 
 def _count(data: dict[str, Any], name: str, default: Any = ...) -> Any:
     if name not in data:
         if default is ...:
-            raise KeyError(f"{name} is required")
+            raise _missing(data, name)
         return default
-    value = int(data[name])
+    raw = data[name]
+    try:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError
+        value = int(str(raw).strip()) if not isinstance(raw, int | float) else int(raw)
+    except ValueError:
+        raise ValueError(f"{_names(name)}: {raw!r} is not a whole number of tokens") from None
     if value < 0:
-        raise ValueError(f"{name} cannot be negative")
+        raise ValueError(f"{_names(name)}: {value} cannot be negative")
     return value
+
+
+def _cost(data: dict[str, Any]) -> int | None:
+    if "cost_micros" in data:
+        return int(_count(data, "cost_micros"))
+    if "cost_usd" not in data:
+        return None
+    raw = data["cost_usd"]
+    try:
+        micros = micros_from_usd(str(raw).strip())
+    except (ValueError, ArithmeticError):
+        raise ValueError(f"cost_usd: {raw!r} is not an amount of USD (e.g. 0.0012)") from None
+    if micros is None or micros < 0:
+        raise ValueError(f"cost_usd: {raw!r} cannot be negative")
+    return micros

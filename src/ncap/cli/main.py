@@ -1,25 +1,59 @@
-"""The ``ncap`` command line (typer + rich). Every command takes ``--config``."""
+"""The ``ncap`` command line (typer + rich). Every command takes ``--config``.
+
+A user's mistake (a bad option, a broken config, an unreadable file, a store that
+cannot be opened) is one line on standard error and exit status 2, never a traceback:
+``main`` is the one place that maps errors to exit statuses.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
+import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
+from typer.core import TyperGroup
 
-from ncap.config import Config, load_config
-from ncap.errors import ConfigError
+from ncap.cli._load import load_or_exit
+from ncap.cli.keys import keys_app
+from ncap.config import Config, resolved, warnings_for
+from ncap.errors import NcapError
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-keys_app = typer.Typer(no_args_is_help=True, help="API keys (stored hashed).")
+HELP = (
+    "ncap: an OpenAI-compatible Chat Completions gateway that makes `n` correct and "
+    "affordable (candidate caps before dispatch, reservations, a per-attempt ledger)."
+    "\n\n"
+    "Every command takes --config FILE; without it ./ncap.yaml when present, else the "
+    "embedded default (the local smollm2 demo). Guides: docs/operations.md, "
+    "docs/configuration.md, docs/ledger.md."
+)
+
+
+class _Group(TyperGroup):
+    """The root command group: a user's mistake raised by any subcommand (an
+    ``NcapError``, an ``OSError``) becomes its message and exit status 2 here, so the
+    commands behave the same under ``main`` and under a test runner."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NcapError as exc:
+            _print_problems(exc)
+            raise typer.Exit(2) from None
+        except OSError as exc:
+            _print_os_error(exc)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP, cls=_Group)
 app.add_typer(keys_app, name="keys")
 
 ConfigOpt = Annotated[
@@ -27,20 +61,6 @@ ConfigOpt = Annotated[
     typer.Option("--config", "-c", help="YAML config (default: ./ncap.yaml, else built-in)"),
 ]
 err = Console(stderr=True)
-
-
-def load_or_exit(path: Path | None) -> Config:
-    """The config, or every problem printed and exit status 2."""
-    return _config(path)
-
-
-def _config(path: Path | None) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -59,7 +79,8 @@ def serve(
     from ncap.cli.workers import refuse_unshared, supervise
     from ncap.http.app import create_app
 
-    cfg = _config(config)
+    cfg = load_or_exit(config)
+    _warn(cfg, config)
     refusal = refuse_unshared(cfg, workers)
     if refusal is not None:
         err.print(f"[red]refusing to start[/red]: {refusal}", highlight=False)
@@ -100,45 +121,46 @@ def _use_uvloop() -> None:
 
 
 @app.command("check-config")
-def check_config(
+def checkload_or_exit(
     file: Annotated[Path | None, typer.Argument(help="Config file to check")] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Validate a config file; print the resolved config or every problem with its place."""
-    cfg = _config(file or config)
-    typer.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """Validate a config file; print the resolved config or every problem with its place.
+
+    Also warns (without failing) about what is valid but refuses requests today: route
+    contracts already stale, exceptions already expired."""
+    path = file or config
+    cfg = load_or_exit(path)
+    _warn(cfg, path)
+    typer.echo(yaml.safe_dump(resolved(cfg), sort_keys=False))
 
 
-@keys_app.command("create")
-def keys_create(
-    workload: Annotated[str, typer.Option(help="Workload the key maps to")],
-    environment: Annotated[str, typer.Option(help="Environment label")] = "production",
-    config: ConfigOpt = None,
-) -> None:
-    """Print a new API key once; store only its SHA-256 hash in the config file."""
-    from ncap.http.app import hash_key
-
-    path = config or Path("ncap.yaml")
-    raw: dict[str, Any] = {}
-    if path.exists():
-        raw = yaml.safe_load(path.read_text()) or {}
-    cfg = _config(path) if path.exists() else load_config(None)
-    if workload not in cfg.workloads:
-        err.print(f"[red]error[/red] unknown workload {workload!r}; add it to {path} first")
-        raise typer.Exit(2)
-    key = "ncap-" + secrets.token_urlsafe(32)
-    entry = {"hash": hash_key(key), "workload": workload, "environment": environment}
-    raw.setdefault("keys", []).append(entry)
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    err.print(f"stored the key's hash in {path}; the key is shown once:")
-    typer.echo(key)
+def _warn(cfg: Config, path: Path | None) -> None:
+    """Print what is valid but refuses requests today (stale contracts, expired grants)."""
+    source = path or (Path("ncap.yaml") if Path("ncap.yaml").exists() else None)
+    if source is None:
+        return
+    for warning in warnings_for(cfg, source.read_text(), str(source), datetime.now(UTC)):
+        err.print(f"[yellow]warning[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
-@app.command("fake-upstream")
+def _profiles_help() -> str:
+    from ncap.testing._fake_faults import PROFILES
+
+    return (
+        "Fault profiles: " + ", ".join(sorted(PROFILES)) + ". `name=value` sets a profile's "
+        "parameter, e.g. latency=50 (ms), rate_limit=2 (Retry-After s), timeout=5 (s), "
+        "reset_mid_stream=3 (chunks). A request's `x-fake-fault` header overrides them."
+    )
+
+
+@app.command("fake-upstream", epilog=_profiles_help())
 def fake_upstream(
     port: Annotated[int, typer.Option(help="Port")] = 9100,
     host: Annotated[str, typer.Option(help="Bind address")] = "127.0.0.1",
-    profile: Annotated[str | None, typer.Option(help="Fault profile(s), comma-separated")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="Fault profile(s), comma-separated; see below")
+    ] = None,
     latency_ms: Annotated[float, typer.Option(help="Added latency per request")] = 0.0,
     config: ConfigOpt = None,
 ) -> None:
@@ -156,6 +178,11 @@ def _mount() -> None:
     app.add_typer(ledger_app, name="ledger")
     app.add_typer(reconcile_app, name="reconcile")
     app.command("migrate")(migrate)
+    from ncap.cli.reports import audit, generate, report_app
+
+    app.command("audit")(audit)
+    app.add_typer(report_app, name="report")
+    ledger_app.command("generate")(generate)
 
 
 _mount()
@@ -174,12 +201,37 @@ _mount_optional()
 
 
 def main() -> None:
+    """Run the CLI; map every error a user can cause to a message and an exit status."""
     try:
         app()
-    except ConfigError as exc:
-        for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+    except NcapError as exc:  # raised outside a command (e.g. while mounting)
+        _print_problems(exc)
         sys.exit(2)
+    except OSError as exc:
+        _print_os_error(exc)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        if os.environ.get("NCAP_DEBUG"):
+            raise
+        err.print(
+            f"[red]internal error[/red] {type(exc).__name__} (this is a bug in ncap; "
+            "NCAP_DEBUG=1 shows the traceback)",
+            highlight=False,
+        )
+        sys.exit(1)
+
+
+def _print_problems(exc: NcapError) -> None:
+    for problem in getattr(exc, "problems", None) or [str(exc)]:
+        err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+
+
+def _print_os_error(exc: OSError) -> None:
+    """A port in use, a directory that cannot be written, …: the OS's words."""
+    where = f": {exc.filename}" if exc.filename else ""
+    err.print(f"[red]error[/red] {exc.strerror or exc}{where}", highlight=False)
 
 
 def _print_json(obj: Any) -> None:

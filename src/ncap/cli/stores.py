@@ -24,7 +24,7 @@ def migrate(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config")] = None,
 ) -> None:
     """Apply pending schema migrations to the configured ledger and budget stores."""
-    from ncap.cli.main import load_or_exit
+    from ncap.cli._load import load_or_exit
 
     cfg: Config = load_or_exit(config)
     versions = asyncio.run(migrate_stores(cfg.stores.ledger, cfg.stores.budgets))

@@ -28,6 +28,13 @@ from ncap.domain.money import (
     to_decimal,
 )
 from ncap.domain.policy import CeilingParam, Decision, active_exceptions, decide
+from ncap.domain.probe import (
+    ProbeFindings,
+    ProbeInconclusive,
+    ProbeReply,
+    StreamReply,
+    derive_contract,
+)
 from ncap.domain.reservation import Reservation, estimate_input_tokens, reservation_for
 
 __all__ = [
@@ -44,10 +51,14 @@ __all__ = [
     "EventState",
     "LedgerEvent",
     "Prices",
+    "ProbeFindings",
+    "ProbeInconclusive",
+    "ProbeReply",
     "ReconcileOutcome",
     "ReconciliationRow",
     "Reservation",
     "Settlement",
+    "StreamReply",
     "Usage",
     "UsageSource",
     "active_exceptions",
@@ -56,6 +67,7 @@ __all__ = [
     "check_route",
     "cost_micros",
     "decide",
+    "derive_contract",
     "estimate_input_tokens",
     "fallback_allowed",
     "format_usd",

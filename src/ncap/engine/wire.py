@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
+from typing import Protocol, TypeVar
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from ncap.engine.engine import RequestStream
 from ncap.engine.events import ChoiceDelta, ChoiceResult, Completion, RequestDone, TokenInfo
+from ncap.protocol.completions import LegacyLogprobs, TextChoice, TextCompletion
 from ncap.protocol.responses import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -168,30 +170,7 @@ class ChatChunks:
         return [self._chunk([], usage(prompt_tokens, completion_tokens))]
 
 
-# --- legacy /v1/completions (no struct in ncap.protocol.responses for it) ---
-
-
-class LegacyLogprobs(msgspec.Struct):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
-    text_offset: list[int]
-
-
-class TextChoice(msgspec.Struct):
-    text: str
-    index: int
-    logprobs: LegacyLogprobs | None
-    finish_reason: str | None
-
-
-class TextCompletion(msgspec.Struct):
-    id: str
-    choices: list[TextChoice]
-    created: int
-    model: str
-    object: str = "text_completion"
-    usage: Usage | UnsetType | None = UNSET
+# --- legacy /v1/completions (wire shapes: ncap.protocol.completions) ---
 
 
 def _legacy_logprobs(
@@ -265,25 +244,31 @@ class TextChunks:
         return [self._chunk([], usage(prompt_tokens, completion_tokens))]
 
 
-async def chat_chunk_stream(
+_Chunk = TypeVar("_Chunk")
+
+
+class _Chunks(Protocol[_Chunk]):
+    def delta(self, d: ChoiceDelta) -> list[_Chunk]: ...
+
+    def closing(self, prompt_tokens: int, completion_tokens: int) -> list[_Chunk]: ...
+
+
+def chat_chunk_stream(
     stream: RequestStream, chunks: ChatChunks
 ) -> AsyncIterator[ChatCompletionChunk]:
     """The chunks of one streamed chat request, in order (``[DONE]`` not included)."""
-    for chunk in chunks.opening():
+    return _chunk_stream(stream, chunks, chunks.opening())
+
+
+def text_chunk_stream(stream: RequestStream, chunks: TextChunks) -> AsyncIterator[TextCompletion]:
+    return _chunk_stream(stream, chunks, [])
+
+
+async def _chunk_stream(
+    stream: RequestStream, chunks: _Chunks[_Chunk], opening: list[_Chunk]
+) -> AsyncIterator[_Chunk]:
+    for chunk in opening:
         yield chunk
-    async for events in stream:
-        for event in events:
-            if isinstance(event, ChoiceDelta):
-                for chunk in chunks.delta(event):
-                    yield chunk
-            elif isinstance(event, RequestDone):
-                for chunk in chunks.closing(event.prompt_tokens, event.completion_tokens):
-                    yield chunk
-
-
-async def text_chunk_stream(
-    stream: RequestStream, chunks: TextChunks
-) -> AsyncIterator[TextCompletion]:
     async for events in stream:
         for event in events:
             if isinstance(event, ChoiceDelta):

@@ -8,7 +8,6 @@ else into a generic 500 envelope (logged without request content), never a trace
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import os
@@ -21,18 +20,27 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from ncap.accounting import Accounting, Caller
 from ncap.admission import Admission
+from ncap.auth import hash_key
 from ncap.config import Config
-from ncap.errors import BodyTooLarge, ConfigError, InvalidApiKey, NcapError
+from ncap.errors import (
+    BodyTooLarge,
+    InvalidApiKey,
+    InvalidRequest,
+    NcapError,
+    PolicyDenied,
+)
+from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
+from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
+from ncap.providers import provider_for
 from ncap.providers.base import Provider
 from ncap.providers.openai import OpenAIProvider
-from ncap.service import Gateway, Reply, RouteRuntime
 from ncap.stores import Identity, PeerWatch, budgets_from_url, instances_for, ledger_from_url
 
-__all__ = ["create_app", "hash_key"]
+__all__ = ["create_app"]
 
 log = logging.getLogger("ncap.http")
 _encode = msgspec.json.Encoder().encode
@@ -43,6 +51,7 @@ CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
+GAUGES = web.AppKey("gauges", StoreGauges)
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
@@ -119,10 +128,6 @@ REQUEST_IDS = web.AppKey("request_ids", RequestIds)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def hash_key(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
-
-
 def error_response(error: NcapError, request_id: str | None = None) -> web.Response:
     headers = error.headers()
     if request_id:
@@ -140,6 +145,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except NcapError as exc:
+        _count_refusal(request.app, exc)
         return error_response(exc, request.get(REQUEST_ID))
     except web.HTTPException as exc:
         return _http_exception(exc)
@@ -148,6 +154,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(
             NcapError("The gateway had an internal error."), request.get(REQUEST_ID)
         )
+
+
+def _count_refusal(app: web.Application, exc: NcapError) -> None:
+    """Body-validation refusals by code; policy denials are counted by the lifecycle."""
+    if isinstance(exc, InvalidRequest) and not isinstance(exc, PolicyDenied):
+        multi = exc.param in MULTI_CANDIDATE_FIELDS
+        app[METRICS].validation_refused(str(exc.code), multi)
 
 
 def _http_exception(exc: web.HTTPException) -> web.Response:
@@ -164,6 +177,12 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
     if not config.keys:
         return Caller("default", "default")
     header = request.headers.get("Authorization", "")
+    if not header.strip():
+        raise InvalidApiKey(
+            "You didn't provide an API key. You need to provide your API key in an "
+            "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY). "
+            "An operator creates keys with `ncap keys create`."
+        )
     scheme, _, key = header.partition(" ")
     if scheme.lower() == "bearer" and key:
         digest = hash_key(key.strip())
@@ -252,21 +271,16 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    await request.app[GAUGES].refresh()  # store-derived gauges, cached briefly
     body, content_type = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def build_provider(route_id: str, config: Config) -> Provider:
-    route = config.routes[route_id]
-    match route.provider:
-        case "openai":
-            return OpenAIProvider(route, route_id=route_id)
-        case "local":
-            from ncap.providers.local import LocalProvider
-
-            return LocalProvider(route)
-        case "gemini":  # refused by config validation; kept for exhaustiveness
-            raise ConfigError(f"route {route_id}: provider gemini is not available yet")
+def _observed(provider: Provider, route_id: str, metrics: Metrics) -> Provider:
+    """Remote routes report their health; the local engine has its own queue gauge."""
+    if isinstance(provider, OpenAIProvider):
+        return ObservedProvider(provider, route_id, metrics)
+    return provider
 
 
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
@@ -294,11 +308,15 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    ledger = ledger_from_url(config.stores.ledger)
+    raw_ledger = ledger_from_url(config.stores.ledger)
+    ledger = ObservedLedger(raw_ledger, metrics_)
     budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
     accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
+    gauges = app[GAUGES] = StoreGauges(
+        config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
+    )
     peers = PeerWatch(
-        instances_for(ledger),
+        instances_for(raw_ledger),
         ledger,
         budgets,
         Identity.current(instance),
@@ -306,7 +324,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
         timeout_s=config.server.heartbeat_timeout_s,
     )
     routes = {
-        rid: RouteRuntime(rid, route, build_provider(rid, config))
+        rid: RouteRuntime(rid, route, _observed(provider_for(route, route_id=rid), rid, metrics_))
         for rid, route in config.routes.items()
     }
     app[CONFIG] = config
@@ -322,12 +340,13 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    add_dashboard_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
         # recovery that knows its peers (issue 9) instead of Accounting.start(), which
         # would mark every instance's in-flight rows lost
         await peers.start()
-        metrics_.reservations_outstanding.set(len(await budgets.outstanding()))
+        await gauges.refresh(force=True)
         await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()

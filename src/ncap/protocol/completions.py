@@ -1,4 +1,5 @@
-"""Request wire shape of the legacy ``POST /v1/completions``.
+"""Wire shapes of the legacy ``POST /v1/completions``: the request, and the
+``text_completion`` object (whole, or one per streamed chunk).
 
 Mirrors ``CreateCompletionRequest`` of OpenAI's OpenAPI description (API version
 2.3.0), https://platform.openai.com/docs/api-reference/completions/create, fields
@@ -27,8 +28,9 @@ from ncap.protocol.chat import (
     Temperature,
     TopP,
 )
+from ncap.protocol.responses import Usage
 
-__all__ = ["CompletionRequest", "PromptItem"]
+__all__ = ["CompletionRequest", "LegacyLogprobs", "PromptItem", "TextChoice", "TextCompletion"]
 
 PromptItem = str | int | Annotated[list[int], Meta(min_length=1)]
 
@@ -54,3 +56,29 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     temperature: Temperature | UnsetType | None = UNSET
     top_p: TopP | UnsetType | None = UNSET
     user: str | UnsetType = UNSET
+
+
+# --- the response: ``text_completion`` (streamed as one such object per chunk) ---
+
+
+class LegacyLogprobs(msgspec.Struct):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class TextChoice(msgspec.Struct):
+    text: str
+    index: int
+    logprobs: LegacyLogprobs | None
+    finish_reason: str | None
+
+
+class TextCompletion(msgspec.Struct):
+    id: str
+    choices: list[TextChoice]
+    created: int
+    model: str
+    object: str = "text_completion"
+    usage: Usage | UnsetType | None = UNSET

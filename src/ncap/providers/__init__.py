@@ -1,0 +1,29 @@
+"""Upstream adapters behind one ``Provider`` protocol (``ncap.providers.base``).
+
+``provider_for`` is the one place a route's ``provider`` name picks its adapter; the
+adapters are imported there, lazily, so importing the protocol costs no HTTP client
+and no llama.cpp.
+"""
+
+from __future__ import annotations
+
+from ncap.config import Route
+from ncap.errors import ConfigError
+from ncap.providers.base import Provider
+
+__all__ = ["provider_for"]
+
+
+def provider_for(route: Route, *, route_id: str) -> Provider:
+    """The adapter that serves ``route`` (one instance per route, owning its pool)."""
+    match route.provider:
+        case "openai":
+            from ncap.providers.openai import OpenAIProvider
+
+            return OpenAIProvider(route, route_id=route_id)
+        case "local":
+            from ncap.providers.local import LocalProvider
+
+            return LocalProvider(route)
+        case "gemini":  # refused by config validation; kept for exhaustiveness
+            raise ConfigError(f"route {route_id}: provider gemini is not available yet")

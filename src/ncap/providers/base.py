@@ -1,8 +1,10 @@
 """The one Provider protocol every upstream adapter implements.
 
 A provider performs exactly one attempt: retries, fallbacks and the ledger belong to
-``ncap.service``, which records every attempt as its own event. Failures are raised as
-``AttemptFailed`` (converted from the transport's own exceptions where they enter).
+``ncap.lifecycle``, which records every attempt as its own event. Failures are raised as
+``AttemptFailed`` (converted from the transport's own exceptions where they enter), and
+each provider normalizes its upstream's error shape into it (``UpstreamErrorDetail``),
+so ``ncap.lifecycle.failures`` classifies every provider's failures with one table.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Literal, Protocol
 from ncap.protocol.responses import ResponseSummary
 from ncap.streaming.sse import StreamEvent
 
-__all__ = ["AttemptFailed", "Provider", "StreamEvent", "UpstreamResult"]
+__all__ = ["AttemptFailed", "Provider", "StreamEvent", "UpstreamErrorDetail", "UpstreamResult"]
 
 FailureKind = Literal["status", "timeout", "connection", "protocol"]
 
@@ -30,15 +32,27 @@ class UpstreamResult:
     provider_request_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamErrorDetail:
+    """The upstream's own account of an error, in OpenAI's terms, whatever shape the
+    upstream sent it in (OpenAI's envelope, Gemini's ``{"error": {"code": 400,
+    "status": "INVALID_ARGUMENT", ...}}``): what the client may be told of a 4xx."""
+
+    message: str
+    code: str | None = None
+    param: str | None = None
+
+
 @dataclass(slots=True)
 class AttemptFailed(Exception):
     """One attempt failed. ``retryable`` follows the route's retry rule (408/409/429/5xx,
-    connection errors, timeouts); ``body`` is the upstream's error body when it sent one."""
+    connection errors, timeouts); ``error`` is the upstream's own error, normalized by
+    its provider, when it sent one that could be read."""
 
     kind: FailureKind
     status: int | None = None
     retry_after: float | None = None
-    body: bytes = b""
+    error: UpstreamErrorDetail | None = None
     provider_request_id: str | None = None
     detail: str = ""
     # set when part of a stream was already relayed: the attempt cannot be retried

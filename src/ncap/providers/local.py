@@ -122,7 +122,8 @@ async def _events(
             raise AttemptFailed("timeout", detail="local engine timed out", partial=True) from exc
         if chunk is None:
             break
-        yield StreamEvent(encode_event(_encode(chunk)), _summary(chunk))
+        data = _encode(chunk)
+        yield StreamEvent(encode_event(data), _summary(chunk), data=data)
     yield StreamEvent(DONE, None, done=True)
 
 

@@ -1,92 +1,57 @@
 """Provider ``openai``: any OpenAI-compatible Chat Completions upstream.
 
-One pooled aiohttp session per route (keep-alive, bounded connections). The client's
-own ``Authorization`` never reaches the upstream: the route's credential (read from
-the environment variable the route names) is the only one sent. aiohttp's exceptions
-are converted to ``AttemptFailed`` in one place, ``_mapped``.
+One pooled HTTP transport per route (``ncap.providers.transport``: keep-alive, bounded
+connections, aiohttp's exceptions converted where they enter). The client's own
+``Authorization`` never reaches the upstream: the route's credential (read from the
+environment variable the route names) is the only one sent. OpenAI's error envelope is
+read here, once, into the failure's ``UpstreamErrorDetail``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import msgspec
 
 from ncap.config import Route
-from ncap.protocol.responses import ResponseSummary
-from ncap.providers.base import AttemptFailed, UpstreamResult
+from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
+from ncap.providers.base import AttemptFailed, UpstreamErrorDetail, UpstreamResult
+from ncap.providers.transport import HttpTransport, mapped, parse_retry_after
 from ncap.streaming.sse import MalformedEvent, StreamEvent, iter_events
 
-__all__ = ["OpenAIProvider", "parse_retry_after"]
+__all__ = ["OpenAIProvider", "openai_failure", "parse_retry_after"]
 
 log = logging.getLogger("ncap.providers.openai")
 _summary = msgspec.json.Decoder(ResponseSummary)
+_error_decoder = msgspec.json.Decoder(ErrorEnvelope)
 _encode = msgspec.json.Encoder().encode
-
-
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """``retry-after-ms`` (OpenAI's) wins over ``retry-after`` in seconds; dates ignored."""
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return max(0.0, float(value) * scale)
-        except ValueError:
-            continue
-    return None
 
 
 class OpenAIProvider:
     def __init__(self, route: Route, *, route_id: str) -> None:
         assert route.base_url is not None
         self.route_id = route_id
-        self._url = route.base_url.rstrip("/") + "/chat/completions"
-        self._connect_timeout = route.connect_timeout_s
-        self._limit = route.max_connections
-        self._headers = {**route.headers, "Content-Type": "application/json"}
-        key = os.environ.get(route.api_key_env) if route.api_key_env else None
-        if key:
-            self._headers["Authorization"] = f"Bearer {key}"
-        elif route.api_key_env:
-            log.warning(
-                "route %s: %s is not set; requests go upstream without a credential",
-                route_id,
-                route.api_key_env,
-            )
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300)
-            self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, auto_decompress=True
-            )
-        return self._session
-
-    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, connect=min(self._connect_timeout, total))
+        self._transport = HttpTransport(
+            route.base_url.rstrip("/") + "/chat/completions",
+            headers=_headers(route, route_id),
+            connect_timeout_s=route.connect_timeout_s,
+            max_connections=route.max_connections,
+            failure_of=openai_failure,
+        )
 
     async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
-        with _mapped():
-            async with self._client().post(
-                self._url, data=_encode(body), timeout=self._timeout(timeout)
-            ) as resp:
-                payload = await resp.read()
-                request_id = resp.headers.get("x-request-id")
-                if resp.status != 200:
-                    raise _status_failure(resp, payload)
+        payload, headers = await self._transport.post(_encode(body), timeout=timeout)
+        request_id = headers.get("x-request-id")
         try:
             summary = _summary.decode(payload)
         except msgspec.DecodeError as exc:
             raise AttemptFailed(
-                "protocol", 200, body=b"", provider_request_id=request_id, detail=str(exc)
+                "protocol", 200, provider_request_id=request_id, detail=str(exc)
             ) from exc
         return UpstreamResult(200, payload, summary, request_id or summary.id)
 
@@ -94,32 +59,29 @@ class OpenAIProvider:
     async def stream(
         self, body: Mapping[str, Any], *, timeout: float
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
-        # total=None: a long stream is fine; the per-attempt timeout bounds the wait for
-        # the response head and every gap between chunks (sock_read).
-        client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=min(self._connect_timeout, timeout), sock_read=timeout
-        )
-        with _mapped():
-            resp = await asyncio.wait_for(
-                self._client().post(self._url, data=_encode(body), timeout=client_timeout),
-                timeout,
-            )
-        try:
-            if resp.status != 200:
-                with _mapped():
-                    payload = await resp.read()
-                raise _status_failure(resp, payload)
+        async with self._transport.open(_encode(body), timeout=timeout) as resp:
             yield resp.headers.get("x-request-id"), _events(resp)
-        finally:
-            resp.close()
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._transport.aclose()
+
+
+def _headers(route: Route, route_id: str) -> dict[str, str]:
+    headers = {**route.headers, "Content-Type": "application/json"}
+    key = os.environ.get(route.api_key_env) if route.api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    elif route.api_key_env:
+        log.warning(
+            "route %s: %s is not set; requests go upstream without a credential",
+            route_id,
+            route.api_key_env,
+        )
+    return headers
 
 
 async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[StreamEvent]:
-    with _mapped(partial=True):
+    with mapped(partial=True):
         try:
             async for event in iter_events(resp.content):
                 yield event
@@ -127,28 +89,20 @@ async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[StreamEvent]:
             raise AttemptFailed("protocol", 200, detail=str(exc), partial=True) from exc
 
 
-def _status_failure(resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
+def openai_failure(status: int, headers: Mapping[str, str], payload: bytes) -> AttemptFailed:
+    """A non-200 answer of an OpenAI-compatible upstream, its envelope read once."""
     return AttemptFailed(
         "status",
-        resp.status,
-        retry_after=parse_retry_after(resp.headers),
-        body=payload[:65536],
-        provider_request_id=resp.headers.get("x-request-id"),
+        status,
+        retry_after=parse_retry_after(headers),
+        error=_error_detail(payload),
+        provider_request_id=headers.get("x-request-id"),
     )
 
 
-@contextmanager
-def _mapped(*, partial: bool = False) -> Iterator[None]:
-    """aiohttp/asyncio failures → AttemptFailed, where they enter."""
+def _error_detail(payload: bytes) -> UpstreamErrorDetail | None:
     try:
-        yield
-    except AttemptFailed:
-        raise
-    except TimeoutError as exc:
-        raise AttemptFailed("timeout", detail="upstream timed out", partial=partial) from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise AttemptFailed("connection", detail="cannot connect", dispatched=False) from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise AttemptFailed("connection", detail="upstream body cut", partial=True) from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise AttemptFailed("connection", detail=type(exc).__name__, partial=partial) from exc
+        err = _error_decoder.decode(payload).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return UpstreamErrorDetail(err.message, code=err.code, param=err.param)

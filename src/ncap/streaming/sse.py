@@ -25,11 +25,13 @@ class MalformedEvent(ValueError):
 
 class StreamEvent(msgspec.Struct, frozen=True):
     """One event: ``raw`` is relayed as-is; ``summary`` is None for ``[DONE]`` and for
-    events without data (comments, keep-alives)."""
+    events without data (comments, keep-alives); ``data`` is the event's JSON payload,
+    kept so that whoever rewrites a chunk (the fan-out merge) need not re-split ``raw``."""
 
     raw: bytes
     summary: ResponseSummary | None
     done: bool = False
+    data: bytes = b""
 
 
 def encode_event(payload: bytes) -> bytes:
@@ -63,4 +65,4 @@ def _event(raw: list[bytes], data: list[bytes]) -> StreamEvent:
         summary = _summary_decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise MalformedEvent(str(exc)) from exc
-    return StreamEvent(body, summary)
+    return StreamEvent(body, summary, data=payload)

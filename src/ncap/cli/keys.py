@@ -1,0 +1,216 @@
+"""``ncap keys create|list|revoke``: client API keys, stored as SHA-256 hashes in the file.
+
+The file is edited as a round trip (ruamel.yaml): comments, key order, quoting and
+timestamps stay as the operator wrote them; only the ``keys`` list changes. The
+result is validated *as it will be* before it is written, so the first key of a file
+that is only valid with keys (no ``default`` workload) can be created, and a change
+that would break the file is refused with the reason. A folder with no file gets one
+that writes only ``keys``: by the rule of docs/configuration.md (a file that writes
+none of ``workloads``/``models``/``routes`` keeps the embedded demo) the quick start
+keeps working, now with a key.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from ncap.config import Config, parse_config
+from ncap.errors import ConfigError
+
+__all__ = ["keys_app"]
+
+keys_app = typer.Typer(no_args_is_help=True, help="Client API keys (only their hashes are stored).")
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="YAML config to edit (default: ./ncap.yaml)"),
+]
+
+_NEW_FILE_HEADER = (
+    "ncap configuration, written by `ncap keys create`.\n"
+    "It writes no workloads/models/routes, so those are the embedded default's\n"
+    "(the local smollm2 demo); see docs/configuration.md, 'Which file is read'.\n"
+)
+
+
+def _yaml(mapping: int = 2, offset: int = 2) -> YAML:
+    y = YAML(typ="rt")
+    y.preserve_quotes = True
+    y.width = 4096  # never re-wrap a long line the operator wrote
+    y.indent(mapping=mapping, sequence=mapping + offset, offset=offset)
+    return y
+
+
+def _indent(text: str) -> tuple[int, int]:
+    """The file's own indentation (nested mapping indent, dash offset under its key), so
+    a rewrite keeps its style and the columns of its comments."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    depth = [len(ln) - len(ln.lstrip(" ")) for ln in lines]
+    nested = [
+        d for ln, d in zip(lines, depth, strict=True) if d and not ln.lstrip().startswith("-")
+    ]
+    mapping = min(nested, default=2)
+    offset = 2
+    for i, ln in enumerate(lines):
+        if ln.lstrip().startswith("- ") and i and lines[i - 1].rstrip().endswith(":"):
+            offset = max(depth[i] - depth[i - 1], 0)
+            break
+    return mapping, offset
+
+
+def _read(path: Path) -> Any:
+    if not path.exists():
+        doc = CommentedMap()
+        doc.yaml_set_start_comment(_NEW_FILE_HEADER)
+        return doc
+    try:
+        text = path.read_text()
+        doc = _yaml(*_indent(text)).load(text)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except Exception as exc:  # ruamel's parser errors share no public base class
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if doc is None:
+        return CommentedMap()
+    if not isinstance(doc, CommentedMap):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return doc
+
+
+def _dump(doc: Any, style: tuple[int, int]) -> str:
+    buf = io.StringIO()
+    _yaml(*style).dump(doc, buf)
+    return buf.getvalue()
+
+
+def _write_checked(path: Path, doc: Any) -> Config:
+    """Validate the new text, then replace the file atomically (mode kept)."""
+    text = _dump(doc, _indent(path.read_text()) if path.exists() else (2, 2))
+    try:
+        config = parse_config(text, source=str(path))
+    except ConfigError as exc:
+        note = f"{path} was not changed: with this change it would not be valid"
+        raise ConfigError(note, [note, *exc.problems]) from None
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    if path.exists():
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
+    os.replace(tmp, path)
+    return config
+
+
+def _keys(doc: Any) -> Any:
+    keys = doc.get("keys")
+    if keys is None:
+        keys = doc["keys"] = CommentedSeq()
+    if not isinstance(keys, list):
+        raise ConfigError("keys: must be a list")
+    return keys
+
+
+@keys_app.command("create")
+def create(
+    workload: Annotated[str, typer.Option(help="Workload whose policy the key's requests use")],
+    environment: Annotated[str, typer.Option(help="Environment label (ledger column)")] = (
+        "production"
+    ),
+    label: Annotated[
+        str | None, typer.Option(help="A name for the key (for `keys list` / `keys revoke`)")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Print a new API key once; store only its SHA-256 hash in the config file."""
+    from ncap.auth import hash_key
+
+    path = config or Path("ncap.yaml")
+    doc = _read(path)
+    keys = _keys(doc)
+    if label is not None and any(_get(k, "label") == label for k in keys):
+        raise ConfigError(f"{path}: a key labelled {label!r} exists; choose another label")
+    key = "ncap-" + secrets.token_urlsafe(32)
+    entry = CommentedMap()
+    entry["hash"] = hash_key(key)
+    entry["workload"] = workload
+    entry["environment"] = environment
+    if label is not None:
+        entry["label"] = label
+    entry["created"] = datetime.now(UTC).replace(microsecond=0).isoformat()
+    keys.append(entry)
+    _write_checked(path, doc)
+    err.print(f"stored the key's hash in {path}; the key is shown once:", highlight=False)
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def list_keys(config: ConfigOpt = None) -> None:
+    """The configured keys: label, workload, environment, hash prefix, creation date."""
+    path = config or Path("ncap.yaml")
+    keys = _keys(_read(path)) if path.exists() else []
+    rows = [
+        (
+            str(_get(k, "label") or ""),
+            str(_get(k, "workload") or ""),
+            str(_get(k, "environment") or "production"),
+            str(_get(k, "hash") or "")[:19],
+            str(_get(k, "created") or ""),
+        )
+        for k in keys
+    ]
+    header = ("label", "workload", "environment", "hash", "created")
+    if sys.stdout.isatty():
+        table = Table(*header)
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
+    else:
+        for row in (header, *rows):
+            typer.echo("\t".join(row))
+    err.print(f"{len(rows)} key(s) in {path}", highlight=False)
+
+
+@keys_app.command("revoke")
+def revoke(
+    key: Annotated[str, typer.Argument(help="The key's label, or a prefix of its hash")],
+    config: ConfigOpt = None,
+) -> None:
+    """Remove one key from the file; requests with it get 401 once the gateway restarts."""
+    path = config or Path("ncap.yaml")
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file (pass --config FILE)")
+    doc = _read(path)
+    keys = _keys(doc)
+    matches = [i for i, k in enumerate(keys) if _matches(k, key)]
+    if not matches:
+        raise ConfigError(f"{path}: no key labelled {key!r} or with a hash starting so")
+    if len(matches) > 1:
+        raise ConfigError(f"{path}: {len(matches)} keys match {key!r}; give a longer prefix")
+    removed = keys.pop(matches[0])
+    _write_checked(path, doc)
+    name = _get(removed, "label") or str(_get(removed, "hash"))[:19]
+    err.print(
+        f"revoked {name} (workload {_get(removed, 'workload')}); restart the gateway to apply",
+        highlight=False,
+    )
+
+
+def _get(entry: Any, name: str) -> Any:
+    return entry.get(name) if isinstance(entry, dict) else None
+
+
+def _matches(entry: Any, wanted: str) -> bool:
+    digest = str(_get(entry, "hash") or "")
+    prefix = wanted if wanted.startswith("sha256:") else "sha256:" + wanted
+    return _get(entry, "label") == wanted or (len(wanted) >= 6 and digest.startswith(prefix))

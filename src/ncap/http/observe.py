@@ -1,0 +1,282 @@
+"""What the composition root adds around the ports so that operators can see the gateway.
+
+- ``StoreGauges`` sets the gauges that describe the stores (pending reconciliation,
+  reservations outstanding, budget spent/reserved/limit per workload, window and
+  exception) from a snapshot of the ledger and the budget store, at start-up and on
+  scrape, cached for ``max_age_s``. An in-process counter would be wrong after a
+  restart and after another process (``ncap reconcile import``) changed the ledger.
+- ``ObservedLedger`` counts settled cost (micro-USD) per workload and route as the
+  lifecycle writes it, without the lifecycle knowing about metrics.
+- ``ObservedProvider`` records route health (``ncap_route_up``, last failure by a
+  closed set of reasons) per upstream attempt, and logs each up/down transition once.
+
+Nothing here reads request content: labels are config ids and fixed codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from ncap.config import Config, Pricing, utcnow
+from ncap.domain.budget import Buckets, BudgetWindows, Usage
+from ncap.domain.events import LedgerEvent, ReconciliationRow
+from ncap.domain.money import micros_from_usd
+from ncap.metrics import Metrics
+from ncap.providers.base import AttemptFailed, Provider, StreamEvent, UpstreamResult
+from ncap.stores.base import BudgetStore, Hold, ImportResult, LedgerStore
+
+__all__ = [
+    "MULTI_CANDIDATE_FIELDS",
+    "ObservedLedger",
+    "ObservedProvider",
+    "StoreGauges",
+    "failure_reason",
+]
+
+log = logging.getLogger("ncap.health")
+
+# body fields that could ask a provider for several choices; refusals for them are
+# counted apart (``multi_candidate="true"``) so the operator's search for such callers
+# is one query
+MULTI_CANDIDATE_FIELDS = frozenset(
+    {
+        "best_of",
+        "candidate_count",
+        "candidateCount",
+        "num_return_sequences",
+        "num_generations",
+        "num_samples",
+        "n_candidates",
+    }
+)
+
+
+class StoreGauges:
+    """Store-derived gauges, refreshed at most every ``max_age_s`` (one scrape pays)."""
+
+    def __init__(
+        self,
+        config: Config,
+        ledger: LedgerStore,
+        budgets: BudgetStore,
+        metrics: Metrics,
+        *,
+        max_age_s: float,
+    ) -> None:
+        self._config = config
+        self._ledger = ledger
+        self._budgets = budgets
+        self._metrics = metrics
+        self._max_age_s = max_age_s
+        self._at: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Re-read the stores unless the last snapshot is recent; a store that fails
+        leaves the previous values (``/readyz`` is where store health is reported)."""
+        async with self._lock:
+            if (
+                not force
+                and self._at is not None
+                and (time.monotonic() - self._at < self._max_age_s)
+            ):
+                return
+            try:
+                await self._read(utcnow())
+            except Exception as exc:  # a scrape never fails because a store did
+                log.warning("metrics snapshot failed: %s", type(exc).__name__)
+                return
+            self._at = time.monotonic()
+
+    async def _read(self, now: datetime) -> None:
+        m = self._metrics
+        m.pending_reconciliation.set(len(await self._ledger.pending()))
+        holds = await self._budgets.outstanding()
+        m.reservations_outstanding.set(len(holds))
+        buckets = Buckets.at(now)
+        for name, workload in self._config.workloads.items():
+            usage = await self._budgets.usage(name, now=now)
+            mine = [h for h in holds if h.workload_id == name]
+            windows = BudgetWindows.for_workload(workload)
+            self._workload(name, usage, windows, _reserved(mine, buckets))
+        for grant in self._config.exceptions:
+            usage = await self._budgets.usage(grant.workload, exception_id=grant.id, now=now)
+            held = sum(h.cost_micros for h in holds if h.exception_id == grant.id)
+            labels = (grant.id, grant.workload)
+            m.child(m.exception_spent, *labels).set(max(usage.cost_exception - held, 0))
+            m.child(m.exception_reserved, *labels).set(held)
+            m.child(m.exception_active, *labels).set(1 if grant.expires > now else 0)
+            if grant.budget_usd is not None:
+                m.child(m.exception_limit, *labels).set(micros_from_usd(grant.budget_usd) or 0)
+
+    def _workload(
+        self, name: str, usage: Usage, windows: BudgetWindows, reserved: dict[str, int]
+    ) -> None:
+        m = self._metrics
+        used = {
+            "tokens_minute": usage.tokens_minute,
+            "requests_minute": usage.requests_minute,
+            "tokens_day": usage.tokens_day,
+            "usd_micros_day": usage.cost_day,
+            "usd_micros_month": usage.cost_month,
+            "concurrency": usage.in_flight,
+        }
+        limits = {
+            "tokens_minute": windows.tokens_per_minute,
+            "requests_minute": windows.requests_per_minute,
+            "tokens_day": windows.tokens_per_day,
+            "usd_micros_day": windows.usd_per_day_micros,
+            "usd_micros_month": windows.usd_per_month_micros,
+            "concurrency": windows.max_concurrency,
+        }
+        for window, amount in used.items():
+            held = reserved.get(window, 0)
+            m.child(m.budget_spent, name, window).set(max(amount - held, 0))
+            m.child(m.budget_reserved, name, window).set(held)
+            limit = limits[window]
+            if limit is not None:
+                m.child(m.budget_limit, name, window).set(limit)
+
+
+def _reserved(holds: Iterable[Hold], buckets: Buckets) -> dict[str, int]:
+    """What unsettled holds contribute to each current window (the counters include it)."""
+    out = {"tokens_minute": 0, "tokens_day": 0, "usd_micros_day": 0, "usd_micros_month": 0}
+    for h in holds:
+        if h.minute == buckets.minute:
+            out["tokens_minute"] += h.tokens
+        if h.day == buckets.day:
+            out["tokens_day"] += h.tokens
+            out["usd_micros_day"] += h.cost_micros
+        if h.month == buckets.month:
+            out["usd_micros_month"] += h.cost_micros
+    return out
+
+
+class ObservedLedger:
+    """The ledger port, counting settled cost per (workload, route) on the way through.
+
+    It remembers each attempt's labels from its ``reserved`` row until the attempt's
+    final update (so memory is bounded by attempts in flight).
+    """
+
+    def __init__(self, inner: LedgerStore, metrics: Metrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._labels: dict[tuple[str, int], tuple[str, str]] = {}
+
+    async def append(self, event: LedgerEvent) -> None:
+        await self._inner.append(event)
+        if event.state == "reserved":
+            self._labels[(event.request_id, event.attempt)] = (
+                event.workload_id,
+                event.route_id or "",
+            )
+        elif event.cost_micros:
+            self._metrics.cost(event.workload_id, event.route_id or "", event.cost_micros)
+
+    async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
+        await self._inner.update(request_id, attempt, **fields)
+        if fields.get("state", "reserved") == "reserved":
+            return
+        labels = self._labels.pop((request_id, attempt), None)
+        if labels is not None and fields.get("cost_micros"):
+            self._metrics.cost(*labels, int(fields["cost_micros"]))
+
+    async def get(self, request_id: str) -> list[LedgerEvent]:
+        return await self._inner.get(request_id)
+
+    def export(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> AsyncIterator[LedgerEvent]:
+        return self._inner.export(since, until)
+
+    async def pending(self) -> list[LedgerEvent]:
+        return await self._inner.pending()
+
+    async def mark_lost(
+        self, gateway_instance: str | None = None, *, before: datetime | None = None
+    ) -> int:
+        return await self._inner.mark_lost(gateway_instance, before=before)
+
+    async def import_reconciliation(
+        self, rows: Iterable[ReconciliationRow], *, pricing: Mapping[str, Pricing] | None = None
+    ) -> ImportResult:
+        return await self._inner.import_reconciliation(rows, pricing=pricing)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        """Methods a backend has beyond the port (e.g. a store's own maintenance)."""
+        return getattr(self._inner, name)
+
+
+def failure_reason(failure: AttemptFailed) -> str | None:
+    """The route-health reason of a failed attempt, or None when the route answered
+    (a 4xx other than 429 is an answer about the request, not about the route)."""
+    if failure.kind != "status":
+        return failure.kind  # timeout | connection | protocol
+    status = failure.status or 0
+    if status == 429:
+        return "status_429"
+    if status >= 500:
+        return "status_5xx"
+    return None
+
+
+class ObservedProvider:
+    """A provider whose every attempt updates its route's health metrics."""
+
+    def __init__(self, inner: Provider, route_id: str, metrics: Metrics) -> None:
+        self.inner = inner
+        self._route = route_id
+        self._metrics = metrics
+
+    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
+        try:
+            result = await self.inner.complete(body, timeout=timeout)
+        except AttemptFailed as failure:
+            self._failed(failure)
+            raise
+        self._answered()
+        return result
+
+    def stream(
+        self, body: Mapping[str, Any], *, timeout: float
+    ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamEvent]]]:
+        return self._stream(body, timeout)
+
+    @asynccontextmanager
+    async def _stream(
+        self, body: Mapping[str, Any], timeout: float
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+        try:
+            async with self.inner.stream(body, timeout=timeout) as opened:
+                self._answered()
+                yield opened
+        except AttemptFailed as failure:
+            self._failed(failure)
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def _answered(self) -> None:
+        if not self._metrics.route_is_up(self._route):
+            log.warning("route %s answers again", self._route)
+        self._metrics.route_answered(self._route)
+
+    def _failed(self, failure: AttemptFailed) -> None:
+        reason = failure_reason(failure)
+        if reason is None:
+            self._answered()
+            return
+        if self._metrics.route_failed(self._route, reason, time.time()):
+            status = f" (status {failure.status})" if failure.status else ""
+            log.warning("route %s is failing: %s%s", self._route, reason, status)

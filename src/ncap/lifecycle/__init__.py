@@ -1,0 +1,27 @@
+"""The request lifecycle, split by concern (one module each, imports pointing down):
+
+plan       Caller, RouteRuntime, the frozen Plan, Attempt, AttemptReport, Reply
+failures   one table: a failed attempt → its ledger outcome and the client's error
+settle     Accounting: holds and ledger rows; an Attempt begun, closed exactly once
+reports    what an answer or a stream says about itself (finish reasons, usage)
+admit      policy, route contracts, reservation → the Plan and its holds
+attempts   one attempt (whole or streamed), and retry/fallback along the chain
+relay      one upstream stream relayed to the client
+fanout     n by k single-candidate branches, merged (whole or streamed)
+gateway    Gateway.chat: picks the path, releases what an early end left held
+"""
+
+from ncap.lifecycle.gateway import Gateway
+from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, Reply, RouteRuntime
+from ncap.lifecycle.settle import Accounting
+
+__all__ = [
+    "Accounting",
+    "Attempt",
+    "AttemptReport",
+    "Caller",
+    "Gateway",
+    "Plan",
+    "Reply",
+    "RouteRuntime",
+]

@@ -1,0 +1,213 @@
+"""Admission of one request: policy decision and route contracts (a denial writes one
+``denied`` row and raises, before any upstream call), then the reservation, sized for
+the dearest route the request may use, admitted atomically against every budget window
+(SPEC §4–§6). What comes out is the frozen ``Plan`` and the holds it reserved.
+
+The policy reads the validated request struct; only the reservation's size estimate
+reads the body as sent, because it measures the bytes of what the client sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from msgspec import UNSET
+
+from ncap import __version__
+from ncap.config import Config, Fingerprint
+from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
+from ncap.domain.policy import Decision, decide
+from ncap.domain.reservation import Reservation, estimate_input_tokens, reservation_for
+from ncap.errors import PolicyDenied, RateLimited
+from ncap.lifecycle.plan import Caller, Plan, RouteRuntime
+from ncap.lifecycle.settle import Accounting
+from ncap.protocol.chat import ChatCompletionRequest
+from ncap.stores.base import Hold
+
+__all__ = ["Admitter"]
+
+_NOTHING = Reservation(0, 0, 0)
+
+
+class Admitter:
+    def __init__(self, config: Config, accounting: Accounting) -> None:
+        self.config = config
+        self.accounting = accounting
+
+    async def admit(
+        self,
+        request_id: str,
+        caller: Caller,
+        request: ChatCompletionRequest,
+        body: dict[str, Any],
+        chain: Sequence[RouteRuntime],
+    ) -> tuple[Plan, dict[int, Hold]]:
+        now = self.accounting.clock()
+        decision = self._decide(caller, request, now)
+        m = self.accounting.metrics
+        m.child(m.candidates_requested, caller.workload_id).observe(decision.effective)
+        holds: dict[int, Hold] = {}
+        plan: Plan | None = None
+        try:
+            if decision.error is not None:
+                raise decision.error
+            plan = self._plan(request_id, caller, request, body, chain, decision, now)
+            for number in range(1, (decision.effective if plan.emulated else 1) + 1):
+                await self.accounting.reserve(plan, holds, number)
+        except (PolicyDenied, RateLimited) as exc:
+            await self.accounting.abandon(holds)  # a fan-out admitted in part gives back
+            denied = plan or _draft(request_id, caller, request, chain, decision, now)
+            await self.accounting.deny(denied, chain[0], exc)
+            raise
+        m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
+        return plan, holds
+
+    def _decide(self, caller: Caller, request: ChatCompletionRequest, now: datetime) -> Decision:
+        temperature = _given(request.temperature)
+        return decide(
+            workload_id=caller.workload_id,
+            workload=self.config.workloads[caller.workload_id],
+            exceptions=self.config.exceptions,
+            limits=self.config.limits,
+            requested=_given(request.n),
+            temperature=float(temperature) if temperature is not None else None,
+            max_completion_tokens=_given(request.max_completion_tokens),
+            max_tokens=_given(request.max_tokens),
+            now=now,
+        )
+
+    def _plan(
+        self,
+        request_id: str,
+        caller: Caller,
+        request: ChatCompletionRequest,
+        body: dict[str, Any],
+        chain: Sequence[RouteRuntime],
+        decision: Decision,
+        now: datetime,
+    ) -> Plan:
+        """The plan: its routes, its mode, what it and each attempt reserve (a fan-out
+        branch holds one prefill and one ceiling; together they hold the whole)."""
+        n = decision.effective
+        routes = _usable_routes(chain, n, now)
+        emulated = candidates_mode(routes[0].route.contract, n) == "emulate"
+        whole = _reservation(body, routes, decision)
+        each = whole
+        if emulated:
+            each = Reservation(
+                whole.input_tokens // n, whole.output_tokens // n, -(-whole.cost_micros // n)
+            )
+        stream, wants_usage = _stream_mode(request)
+        return Plan(
+            request_id=request_id,
+            caller=caller,
+            alias=request.model,
+            decision=decision,
+            reservation=whole,
+            attempt_reservation=each,
+            usable_routes=routes,
+            emulated=emulated,
+            stream=stream,
+            client_wants_usage=wants_usage,
+            quota_scope=self.accounting.budgets.quota_scope,
+            timestamp=now,
+            started=time.monotonic(),
+        )
+
+
+def _draft(
+    request_id: str,
+    caller: Caller,
+    request: ChatCompletionRequest,
+    chain: Sequence[RouteRuntime],
+    decision: Decision,
+    now: datetime,
+) -> Plan:
+    """What a request denied before it was sized is recorded with (nothing reserved)."""
+    stream, wants_usage = _stream_mode(request)
+    return Plan(
+        request_id=request_id,
+        caller=caller,
+        alias=request.model,
+        decision=decision,
+        reservation=_NOTHING,
+        attempt_reservation=_NOTHING,
+        usable_routes=tuple(chain[:1]),
+        emulated=False,
+        stream=stream,
+        client_wants_usage=wants_usage,
+        quota_scope="instance",
+        timestamp=now,
+        started=time.monotonic(),
+    )
+
+
+def _stream_mode(request: ChatCompletionRequest) -> tuple[bool, bool]:
+    """Whether the client streams, and whether it asked for the usage chunk."""
+    options = _given(request.stream_options)
+    return bool(_given(request.stream)), options is not None and bool(_given(options.include_usage))
+
+
+def _given(value: Any) -> Any:
+    """A struct field as the policy reads it: UNSET (absent) and null are both None."""
+    return None if value is UNSET else value
+
+
+def _usable_routes(
+    chain: Sequence[RouteRuntime], n: int, now: datetime
+) -> tuple[RouteRuntime, ...]:
+    """The primary must accept n (else the request is denied); fallbacks that do not
+    approve the same count are dropped for this request."""
+    if n == 1:
+        return tuple(chain)  # every route serves one candidate; no contract needed
+    primary = chain[0]
+    check_route(
+        primary.route.contract, primary.id, n, now=now, expected_fingerprint=_print(primary)
+    )
+    fallbacks = [
+        rt
+        for rt in chain[1:]
+        if fallback_allowed(rt.route.contract, rt.id, n, now=now, expected_fingerprint=_print(rt))
+        and candidates_mode(rt.route.contract, n) == "native"
+    ]
+    return (primary, *fallbacks)
+
+
+def _reservation(
+    body: dict[str, Any], routes: Sequence[RouteRuntime], decision: Decision
+) -> Reservation:
+    """Sized for the dearest route the request may end up on (fallbacks included)."""
+    estimate = estimate_input_tokens(
+        body["messages"],
+        tools=body.get("tools"),
+        functions=body.get("functions"),
+        response_format=body.get("response_format"),
+    )
+    sizes = [
+        reservation_for(
+            estimated_input_tokens=estimate,
+            effective_n=decision.effective,
+            per_candidate_ceiling=decision.per_candidate_ceiling,
+            output_cap=rt.route.contract.output_cap,
+            candidates_mode=candidates_mode(rt.route.contract, decision.effective),
+            pricing=rt.route.pricing,
+        )
+        for rt in routes
+    ]
+    return max(sizes, key=lambda r: (r.cost_micros, r.total_tokens))
+
+
+@lru_cache(maxsize=256)
+def _fingerprint(provider: str, upstream_model: str | None) -> Fingerprint:
+    return Fingerprint(
+        provider=provider, upstream_model=upstream_model, gateway_version=__version__
+    )
+
+
+def _print(rt: RouteRuntime) -> Fingerprint:
+    """What a contract record must have been verified for to still hold."""
+    return _fingerprint(rt.route.provider, rt.route.upstream_model)

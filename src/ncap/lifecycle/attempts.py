@@ -1,0 +1,124 @@
+"""Attempts: one try of one route each (first call, retry, fallback), with its own
+ledger row and hold (SPEC §3.2).
+
+``Attempts.first_answer`` walks the chain in order, each route up to 1 + retries
+times, with exponential backoff and jitter, honouring Retry-After; only retryable
+failures move on. ``call`` and ``open`` run one attempt (whole, or a stream up to its
+first event): a failure is recorded on the attempt's row, then raised. A streamed
+attempt may only be retried before its first event reached the client.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ncap.config import Route
+from ncap.errors import NcapError
+from ncap.lifecycle.failures import as_failure, client_error
+from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
+from ncap.lifecycle.settle import Accounting
+from ncap.providers.base import AttemptFailed, UpstreamResult
+from ncap.stores.base import Hold
+from ncap.streaming.sse import StreamEvent
+
+__all__ = ["Attempts", "StreamOpen", "for_route"]
+
+T = TypeVar("T")
+_MAX_RETRY_AFTER_S = 60.0
+
+
+@dataclass(slots=True)
+class StreamOpen:
+    """An upstream stream whose first event has arrived (so the attempt succeeded)."""
+
+    stack: AsyncExitStack
+    provider_request_id: str | None
+    events: AsyncIterator[StreamEvent]
+    first: StreamEvent | None
+
+
+class Attempts:
+    def __init__(self, accounting: Accounting, sleep: Callable[[float], Awaitable[None]]) -> None:
+        self.accounting = accounting
+        self._sleep = sleep
+
+    async def first_answer(
+        self, plan: Plan, holds: dict[int, Hold], call: Callable[[Attempt], Awaitable[T]]
+    ) -> tuple[Attempt, T]:
+        """The first attempt along the chain that answers, and its answer."""
+        last: AttemptFailed | None = None
+        number = 0
+        for rt in plan.usable_routes:
+            for i in range(rt.route.retries + 1):
+                if i > 0 and last is not None:  # a fallback is tried at once
+                    await self._sleep(_delay(rt.route, i, last))
+                number += 1
+                attempt = await self.accounting.begin(plan, holds, number, rt)
+                try:
+                    return attempt, await call(attempt)
+                except AttemptFailed as exc:
+                    last = exc
+                    if not exc.retryable:
+                        raise client_error(exc) from None
+        assert last is not None
+        raise client_error(last) from None
+
+    async def call(self, attempt: Attempt, body: Mapping[str, Any]) -> UpstreamResult:
+        """One non-streamed attempt; a failure is recorded on its row, then raised."""
+        rt = attempt.route
+        try:
+            return await rt.provider.complete(body, timeout=rt.route.timeout_s)
+        except (AttemptFailed, NcapError) as exc:
+            await self.accounting.failed(attempt, as_failure(exc))
+            raise
+
+    async def open(self, attempt: Attempt, body: Mapping[str, Any]) -> StreamOpen:
+        """One streamed attempt up to its first event; a failure is recorded, then raised."""
+        try:
+            return await _open_stream(attempt.route, body)
+        except (AttemptFailed, NcapError) as exc:
+            await self.accounting.failed(attempt, as_failure(exc))
+            raise
+
+
+async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any]) -> StreamOpen:
+    stack = AsyncExitStack()
+    try:
+        rid, events = await stack.enter_async_context(
+            rt.provider.stream(body, timeout=rt.route.timeout_s)
+        )
+        first = await anext(events, None)
+    except BaseException:
+        await stack.aclose()
+        raise
+    return StreamOpen(stack, rid, events, first)
+
+
+def for_route(
+    body: dict[str, Any], rt: RouteRuntime, extras: frozenset[str], *, stream: bool
+) -> dict[str, Any]:
+    """The body as this route receives it: its upstream model, only the extra fields it
+    allows (another route of the chain may allow more), and usage asked for on streams
+    where its contract says the provider can deliver it."""
+    route = rt.route
+    foreign = [f for f in extras if f in body and f not in route.extra_fields]
+    wants_usage = stream and route.contract.stream_usage == "include_usage"
+    if route.upstream_model is None and not foreign and not wants_usage:
+        return body
+    routed = {k: v for k, v in body.items() if k not in foreign}
+    if route.upstream_model is not None:
+        routed["model"] = route.upstream_model
+    if wants_usage:
+        routed["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return routed
+
+
+def _delay(route: Route, retry: int, failure: AttemptFailed) -> float:
+    if failure.retry_after is not None and failure.retry_after <= _MAX_RETRY_AFTER_S:
+        return failure.retry_after
+    base = route.backoff_s * (2 ** max(0, retry - 1))
+    return float(base * random.uniform(0.75, 1.25))

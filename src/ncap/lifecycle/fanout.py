@@ -1,0 +1,214 @@
+"""Fan-out emulation: n by k = k single-candidate requests on a route without native
+n. Every branch is an attempt with its own ledger row and hold (each prefill is paid
+and recorded), all or nothing, merged in branch order: whole bodies re-indexed, or k
+streams relayed as one with each branch's choice at its own ``index``, usage summed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+
+from ncap.errors import NcapError, UpstreamError
+from ncap.lifecycle.attempts import Attempts, StreamOpen
+from ncap.lifecycle.failures import client_error
+from ncap.lifecycle.plan import Attempt, Plan, Reply, RouteRuntime
+from ncap.lifecycle.relay import error_event
+from ncap.lifecycle.reports import Tally, answered_report, stream_report, summed_usage
+from ncap.lifecycle.settle import Accounting
+from ncap.providers.base import AttemptFailed, UpstreamResult
+from ncap.stores.base import Hold
+from ncap.streaming.sse import DONE, StreamEvent, encode_event
+
+__all__ = ["FanOut"]
+
+_encode = msgspec.json.Encoder().encode
+Branch = tuple[Attempt, StreamOpen]
+Queue = asyncio.Queue[tuple[int, StreamEvent | BaseException | None]]
+
+
+class FanOut:
+    def __init__(self, accounting: Accounting, attempts: Attempts) -> None:
+        self.accounting = accounting
+        self.attempts = attempts
+
+    async def complete(
+        self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any], rt: RouteRuntime
+    ) -> Reply:
+        branches = await self._start(plan, holds, rt)
+        results = await asyncio.gather(
+            *(self.attempts.call(a, body) for a in branches), return_exceptions=True
+        )
+        answered = [
+            (a, r) for a, r in zip(branches, results, strict=True) if isinstance(r, UpstreamResult)
+        ]
+        settle = self._settle_answers(answered)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:  # all or nothing: the answered branches are settled (they were paid)
+            await settle
+            raise _raised(failures[0])
+        merged, returned = _merge(plan.request_id, [r for _, r in answered])
+        headers = plan.headers(rt.id)
+        headers["x-ncap-candidates-returned"] = str(returned)
+        headers["content-type"] = "application/json"
+        return Reply(200, headers, merged, after=settle)
+
+    async def stream(
+        self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any], rt: RouteRuntime
+    ) -> Reply:
+        """k streams opened together (all or nothing before the first byte)."""
+        started = await self._start(plan, holds, rt)
+        opened = await asyncio.gather(
+            *(self.attempts.open(a, body) for a in started), return_exceptions=True
+        )
+        branches = [
+            (a, o) for a, o in zip(started, opened, strict=True) if isinstance(o, StreamOpen)
+        ]
+        failures = [o for o in opened if isinstance(o, BaseException)]
+        if failures:
+            await self._abort(branches)
+            raise _raised(failures[0])
+        headers = plan.headers(rt.id)
+        headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
+        return Reply(200, headers, stream=self._relay(plan, branches))
+
+    async def _start(self, plan: Plan, holds: dict[int, Hold], rt: RouteRuntime) -> list[Attempt]:
+        """The k branches' reserved rows, written together so that they share one group
+        commit."""
+        k = plan.decision.effective
+        begun = (self.accounting.begin(plan, holds, n, rt) for n in range(1, k + 1))
+        return list(await asyncio.gather(*begun))
+
+    async def _settle_answers(self, answered: Sequence[tuple[Attempt, UpstreamResult]]) -> None:
+        for attempt, result in answered:
+            await self.accounting.answered(attempt, answered_report(result))
+
+    async def _abort(self, branches: Sequence[Branch]) -> None:
+        """Branches that opened when another did not: closed, and held as cut streams
+        (they may have started generating)."""
+        for attempt, branch in branches:
+            await branch.stack.aclose()
+            report = stream_report(Tally(branch.provider_request_id), "fan_out_aborted")
+            await self.accounting.stream_finished(attempt, report)
+
+    async def _relay(self, plan: Plan, branches: Sequence[Branch]) -> AsyncIterator[bytes]:
+        queue: Queue = asyncio.Queue()
+        tallies = [Tally(provider_request_id=b.provider_request_id) for _, b in branches]
+        pumps = [asyncio.create_task(_pump(i, b, queue)) for i, (_, b) in enumerate(branches)]
+        cut: str | None = "client_disconnect"
+        try:
+            async for out in _merged(plan, queue, tallies):
+                yield out
+            cut = None if all(t.done for t in tallies) else "stream_truncated"
+            for out in _ending(plan, tallies, cut):
+                yield out
+        except (AttemptFailed, NcapError):
+            cut = "upstream_reset"
+            yield error_event(UpstreamError("An upstream stream failed mid-way."))
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            await asyncio.shield(self._settle_streams(branches, tallies, cut))
+
+    async def _settle_streams(
+        self, branches: Sequence[Branch], tallies: Sequence[Tally], cut: str | None
+    ) -> None:
+        for (attempt, branch), tally in zip(branches, tallies, strict=True):
+            await branch.stack.aclose()
+            report = stream_report(tally, None if tally.done else (cut or "stream_truncated"))
+            await self.accounting.stream_finished(attempt, report)
+
+
+def _raised(failure: BaseException) -> BaseException:
+    return client_error(failure) if isinstance(failure, AttemptFailed) else failure
+
+
+async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIterator[bytes]:
+    """The branches' chunks as they come, until every branch ended; a failure raises."""
+    live = len(tallies)
+    while live:
+        index, item = await queue.get()
+        if item is None:
+            live -= 1
+            continue
+        if isinstance(item, BaseException):
+            raise item
+        out = _rebase(item, tallies[index], index, plan.request_id)
+        if out:
+            yield out
+
+
+def _ending(plan: Plan, tallies: Sequence[Tally], cut: str | None) -> list[bytes]:
+    """The merged stream's one usage chunk (summed) and its one ``[DONE]``, or the
+    error event of a stream that ended early."""
+    if cut:
+        return [error_event(UpstreamError("An upstream stream ended early."))]
+    usage = summed_usage([t.usage for t in tallies])
+    if not plan.client_wants_usage or usage is None:
+        return [DONE]
+    model = next((t.model for t in tallies if t.model), plan.alias)
+    return [_usage_chunk(plan.request_id, model, usage), DONE]
+
+
+async def _pump(index: int, branch: StreamOpen, queue: Queue) -> None:
+    """One branch's events into the shared queue; None when it ends, or its failure."""
+    try:
+        event = branch.first
+        while event is not None:
+            await queue.put((index, event))
+            event = await anext(branch.events, None)
+    except (AttemptFailed, NcapError) as exc:
+        await queue.put((index, exc))
+        return
+    await queue.put((index, None))
+
+
+def _rebase(event: StreamEvent, tally: Tally, index: int, request_id: str) -> bytes | None:
+    """A branch's chunk as the merged stream's: its choice moved to the branch's index;
+    its own usage chunk and ``[DONE]`` kept back (the merged stream ends once)."""
+    if event.summary is None:
+        tally.done = tally.done or event.done or event.raw == DONE
+        return None
+    tally.add(event.summary)
+    if not event.summary.choices:
+        return None
+    chunk = msgspec.json.decode(event.data)
+    tally.model = tally.model or str(chunk.get("model") or "")
+    chunk["id"] = f"chatcmpl-{request_id}"
+    chunk.pop("usage", None)
+    for choice in chunk.get("choices") or []:
+        choice["index"] = index
+    return encode_event(_encode(chunk))
+
+
+def _usage_chunk(request_id: str, model: str, usage: dict[str, int]) -> bytes:
+    chunk = {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
+    return encode_event(_encode(chunk))
+
+
+def _merge(request_id: str, results: Sequence[UpstreamResult]) -> tuple[bytes, int]:
+    """One chat.completion from k single-candidate ones: choices re-indexed in branch
+    order, usage summed (every branch's prompt was paid)."""
+    bodies = [msgspec.json.decode(r.body) for r in results]
+    choices = [choice for b in bodies for choice in b.get("choices") or []]
+    for index, choice in enumerate(choices):
+        choice["index"] = index
+    merged = {**bodies[0], "id": f"chatcmpl-{request_id}", "choices": choices}
+    usage = summed_usage([r.summary.usage for r in results])
+    if usage is not None:
+        merged["usage"] = usage
+    else:
+        merged.pop("usage", None)  # not all branches reported: the total is unknown
+    return _encode(merged), len(choices)

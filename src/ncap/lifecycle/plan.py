@@ -1,0 +1,112 @@
+"""The shapes both sides of the lifecycle share: the caller, a route at run time, the
+admitted request's plan (frozen), one attempt, and what an attempt said about itself.
+
+Everything in ``ncap.lifecycle`` imports these from here and nothing here imports the
+rest of the package, so the lifecycle's modules form a tree, not a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ncap.config import Route
+from ncap.domain.events import LedgerEvent
+from ncap.domain.policy import Decision
+from ncap.domain.reservation import Reservation
+from ncap.protocol.responses import SummaryUsage
+from ncap.providers.base import Provider
+from ncap.stores.base import Hold
+
+__all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    workload_id: str
+    environment: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRuntime:
+    id: str
+    route: Route
+    provider: Provider
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+    # bookkeeping the http layer awaits once the body is written
+    after: Coroutine[Any, Any, None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One admitted request: what policy decided, what is reserved, which routes it may
+    use. Frozen once admitted; what changes per attempt lives on the ``Attempt``."""
+
+    request_id: str
+    caller: Caller
+    alias: str
+    decision: Decision
+    reservation: Reservation
+    # what each attempt holds (a fan-out branch: 1/k of the whole)
+    attempt_reservation: Reservation
+    usable_routes: tuple[RouteRuntime, ...]
+    # fan-out emulation: k single-candidate branches, each its own attempt and hold
+    emulated: bool
+    stream: bool
+    client_wants_usage: bool
+    quota_scope: str
+    timestamp: datetime
+    started: float
+
+    @property
+    def candidates_per_attempt(self) -> int:
+        return 1 if self.emulated else self.decision.effective
+
+    def headers(self, route_id: str) -> dict[str, str]:
+        d = self.decision
+        return {
+            "x-ncap-route": route_id,
+            "x-ncap-candidates-requested": "omitted" if d.requested is None else str(d.requested),
+            "x-ncap-candidates-effective": str(d.effective),
+            "x-ncap-reserved-tokens": str(self.reservation.total_tokens),
+        }
+
+
+@dataclass(slots=True, eq=False)
+class Attempt:
+    """One try of one route: started (its reserved row durable), then closed exactly
+    once as answered, failed or stream-finished (``ncap.lifecycle.settle``).
+
+    ``holds`` is the request's registry of unsettled holds, shared by its attempts:
+    closing an attempt takes its hold out, and whatever is left when the request ends
+    early is released (``Settler.abandon``)."""
+
+    plan: Plan
+    holds: dict[int, Hold]
+    number: int
+    route: RouteRuntime
+    hold: Hold | None
+    row: LedgerEvent
+    started: float
+    closed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What an answered attempt said about itself (from its body or its stream)."""
+
+    provider_request_id: str | None
+    returned: int
+    finish_reasons: dict[str, int]
+    usage: SummaryUsage | None
+    stream: bool
+    cut: str | None  # why a stream ended early, None when it ended normally

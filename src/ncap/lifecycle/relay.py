@@ -1,0 +1,65 @@
+"""The single relay: one upstream stream forwarded event by event, as it arrived, and
+settled once when it ends or is cut (a cut stream stays pending with its hold)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from ncap.errors import NcapError, UpstreamError
+from ncap.lifecycle.attempts import StreamOpen
+from ncap.lifecycle.failures import stream_cut
+from ncap.lifecycle.plan import Attempt
+from ncap.lifecycle.reports import Tally, stream_report
+from ncap.lifecycle.settle import Accounting
+from ncap.providers.base import AttemptFailed
+from ncap.streaming.sse import DONE, StreamEvent, encode_event
+
+__all__ = ["error_event", "relay"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+async def relay(
+    accounting: Accounting, attempt: Attempt, opened: StreamOpen
+) -> AsyncIterator[bytes]:
+    """Forward each upstream event as it arrives; the attempt is closed in ``finally``
+    whatever ends the stream (its end, a cut, the client going away)."""
+    tally = Tally(provider_request_id=opened.provider_request_id)
+    wants_usage = attempt.plan.client_wants_usage
+    cut: str | None = "client_disconnect"
+    try:
+        async with opened.stack:
+            event = opened.first
+            while event is not None:
+                out = _take(event, tally, wants_usage)
+                if out:
+                    yield out
+                if tally.done:
+                    break
+                event = await anext(opened.events, None)
+            cut = None if tally.done else "stream_truncated"
+            if cut:
+                yield error_event(UpstreamError("The upstream stream ended early."))
+    except (AttemptFailed, NcapError) as exc:
+        cut, error = stream_cut(exc)
+        yield error_event(error)
+    finally:
+        await asyncio.shield(accounting.stream_finished(attempt, stream_report(tally, cut)))
+
+
+def _take(event: StreamEvent, tally: Tally, client_wants_usage: bool) -> bytes | None:
+    if event.summary is None:
+        tally.done = event.done or event.raw == DONE
+        return event.raw
+    tally.add(event.summary)
+    usage_only = event.summary.usage is not None and not event.summary.choices
+    if usage_only and not client_wants_usage:
+        return None  # the usage chunk the gateway asked for on its own behalf
+    return event.raw
+
+
+def error_event(error: NcapError) -> bytes:
+    return encode_event(_encode(error.envelope()))

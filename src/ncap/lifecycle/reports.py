@@ -1,0 +1,81 @@
+"""What an answered attempt says about itself, from its body or from its stream: the
+report settlement needs (finish reasons counted, usage), in one place for both."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ncap.lifecycle.plan import AttemptReport
+from ncap.protocol.responses import ResponseSummary, SummaryUsage
+from ncap.providers.base import UpstreamResult
+
+__all__ = ["Tally", "answered_report", "stream_report", "summed_usage"]
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a relayed stream said about itself, per choice ``index``."""
+
+    provider_request_id: str | None = None
+    model: str = ""
+    finish: dict[int, str | None] = field(default_factory=dict)
+    usage: SummaryUsage | None = None
+    done: bool = False
+
+    def add(self, summary: ResponseSummary) -> None:
+        if self.provider_request_id is None:
+            self.provider_request_id = summary.id
+        for choice in summary.choices:
+            index = choice.index if choice.index is not None else 0
+            if choice.finish_reason is not None or index not in self.finish:
+                self.finish[index] = choice.finish_reason
+        if summary.usage is not None:
+            self.usage = summary.usage
+
+
+def answered_report(result: UpstreamResult) -> AttemptReport:
+    summary = result.summary
+    return AttemptReport(
+        provider_request_id=result.provider_request_id or summary.id,
+        returned=len(summary.choices),
+        finish_reasons=_counted(c.finish_reason for c in summary.choices),
+        usage=summary.usage,
+        stream=False,
+        cut=None,
+    )
+
+
+def stream_report(tally: Tally, cut: str | None) -> AttemptReport:
+    return AttemptReport(
+        provider_request_id=tally.provider_request_id,
+        returned=len(tally.finish),
+        finish_reasons=_counted(tally.finish.values()),
+        usage=tally.usage,
+        stream=True,
+        cut=cut,
+    )
+
+
+def summed_usage(usages: Sequence[SummaryUsage | None]) -> dict[str, int] | None:
+    """The usage of k fan-out branches together (every branch's prompt was paid); None
+    unless every branch reported its prompt and completion tokens (the total is unknown)."""
+    prompt = completion = 0
+    for u in usages:
+        if u is None or u.prompt_tokens is None or u.completion_tokens is None:
+            return None
+        prompt += u.prompt_tokens
+        completion += u.completion_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _counted(reasons: Iterable[str | None]) -> dict[str, int]:
+    finish: dict[str, int] = {}
+    for reason in reasons:
+        key = reason or "none"
+        finish[key] = finish.get(key, 0) + 1
+    return finish

@@ -1,0 +1,287 @@
+"""The books of one request: budget holds and ledger rows, attempt by attempt.
+
+1. ``reserve``: an attempt's hold, admitted atomically against every budget window.
+2. ``start``: the attempt's ``reserved`` row is durable before dispatch; the ``Attempt``
+   it returns is then closed exactly once:
+3. ``answered`` / ``stream_finished`` / ``failed``: the row gets the provider's usage
+   and its final state; the hold is settled with actuals, kept (usage unknown: held
+   until reconciled), or, for an upstream refusal that generated nothing, released.
+4. ``abandon``: a request that ends with holds no closed attempt took releases them.
+
+A ledger failure is never swallowed: it propagates and the client gets an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from ncap.config import Config, Pricing
+from ncap.domain.budget import Amounts, BudgetWindows
+from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent, settle
+from ncap.domain.money import cost_micros
+from ncap.domain.policy import Decision
+from ncap.errors import NcapError
+from ncap.lifecycle.failures import ledger_outcome
+from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
+from ncap.metrics import Metrics
+from ncap.protocol.responses import SummaryUsage
+from ncap.providers.base import AttemptFailed
+from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
+
+__all__ = ["Accounting", "usage_complete"]
+
+
+class Accounting:
+    """The ledger and the budgets, as the lifecycle uses them (and their own start,
+    readiness and shutdown, which the composition root drives)."""
+
+    def __init__(
+        self,
+        config: Config,
+        ledger: LedgerStore,
+        budgets: BudgetStore,
+        *,
+        instance: str,
+        metrics: Metrics,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.budgets = budgets
+        self.instance = instance
+        self.metrics = metrics
+        self.clock = clock
+        self._window_cache: dict[tuple[str, str | None], BudgetWindows] = {}
+
+    # -- lifecycle of the stores -------------------------------------------------------
+
+    async def start(self) -> None:
+        """Recover what a crashed predecessor left in flight (SPEC §6: gateway_lost)."""
+        await self.ledger.mark_lost()
+        await self.budgets.recover_lost()
+        self.metrics.reservations_outstanding.set(len(await self.budgets.outstanding()))
+
+    async def close(self) -> None:
+        await self.ledger.close()
+        await self.budgets.close()
+
+    async def check_ready(self) -> list[str]:
+        """Each store answers a cheap read; the problem list names the ones that did not."""
+        problems = []
+        probes = (
+            ("ledger", self.ledger.get("readyz-probe")),
+            ("budgets", self.budgets.usage(next(iter(self.config.workloads)))),
+        )
+        for name, probe in probes:
+            try:
+                await probe
+            except Exception as exc:  # readiness reports any failure, whatever its type
+                problems.append(f"{name}: {type(exc).__name__}")
+        return problems
+
+    # -- holds -------------------------------------------------------------------------
+
+    async def reserve(self, plan: Plan, holds: dict[int, Hold], number: int) -> None:
+        size = plan.attempt_reservation
+        holds[number] = await self.budgets.reserve(
+            plan.caller.workload_id,
+            self._windows(plan.caller, plan.decision),
+            Amounts(size.total_tokens, size.cost_micros),
+            exception_id=plan.decision.exception_id,
+            now=self.clock(),
+            hold_id=hold_id_for(plan.request_id, number),
+        )
+        self.metrics.reservations_outstanding.inc()
+
+    async def abandon(self, holds: dict[int, Hold]) -> None:
+        """Release the holds no dispatched attempt is using (the request ended early)."""
+        while holds:
+            _, hold = holds.popitem()
+            await self.budgets.release(hold)
+            self.metrics.reservations_outstanding.dec()
+
+    def _windows(self, caller: Caller, decision: Decision) -> BudgetWindows:
+        """The workload's windows with its engaged exception's; config is frozen, so each
+        pair is converted (USD to micro-USD) once."""
+        key = (caller.workload_id, decision.exception_id)
+        windows = self._window_cache.get(key)
+        if windows is None:
+            grant = next((e for e in self.config.exceptions if e.id == key[1]), None)
+            workload = self.config.workloads[caller.workload_id]
+            windows = self._window_cache[key] = BudgetWindows.for_workload(workload, grant)
+        return windows
+
+    # -- rows --------------------------------------------------------------------------
+
+    async def deny(self, plan: Plan, primary: RouteRuntime, error: NcapError) -> None:
+        """The one ``denied`` row of a request refused before any upstream call."""
+        reason = str(error.code)
+        event = replace(
+            self.row(plan, 0, primary, state="denied"),
+            policy_result="deny",
+            policy_reason=reason,
+            reserved_cost_micros=0,
+            quota_scope="instance",  # nothing was charged to any scope
+        )
+        await self.ledger.append(event)
+        self.metrics.requests.labels(plan.caller.workload_id, "deny", reason).inc()
+
+    def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
+        d, r = plan.decision, plan.attempt_reservation
+        return LedgerEvent(
+            timestamp=self.clock(),
+            request_id=plan.request_id,
+            attempt=number,
+            workload_id=plan.caller.workload_id,
+            environment=plan.caller.environment,
+            route_id=rt.id,
+            model_alias=plan.alias,
+            upstream_model=rt.route.upstream_model or plan.alias,
+            requested_candidate_count=d.requested,
+            effective_candidate_count=d.effective,
+            exception_id=d.exception_id,
+            reserved_input_tokens=r.input_tokens,
+            reserved_output_tokens=r.output_tokens,
+            reserved_cost_micros=r.cost_micros,
+            stream_mode=plan.stream,
+            quota_scope=plan.quota_scope,
+            policy_result=d.policy_result,
+            policy_reason=d.policy_reason,
+            state=state,
+            gateway_instance=self.instance,
+        )
+
+    # -- one attempt: begun, then closed exactly once ---------------------------------
+
+    async def begin(
+        self, plan: Plan, holds: dict[int, Hold], number: int, rt: RouteRuntime
+    ) -> Attempt:
+        """Write the attempt's reserved row; every attempt after the first needs a
+        reservation of its own (the previous one was settled, kept or released)."""
+        if number not in holds:
+            await self.reserve(plan, holds, number)
+        row = self.row(plan, number, rt, state="reserved")
+        await self.ledger.append(row)
+        return Attempt(plan, holds, number, rt, holds[number], row, time.monotonic())
+
+    async def answered(self, attempt: Attempt, report: AttemptReport) -> None:
+        await self._close(attempt, report, "completed")
+
+    async def stream_finished(self, attempt: Attempt, report: AttemptReport) -> None:
+        outcome: AttemptOutcome = "completed" if report.cut is None else "stream_cut"
+        await self._close(attempt, report, outcome)
+
+    async def failed(self, attempt: Attempt, failure: AttemptFailed) -> None:
+        report = AttemptReport(failure.provider_request_id, 0, {}, None, attempt.plan.stream, None)
+        await self._close(attempt, report, ledger_outcome(failure))
+
+    async def _close(
+        self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
+    ) -> None:
+        if attempt.closed:
+            raise RuntimeError(f"attempt {attempt.number} closed twice")
+        attempt.closed = True
+        final, keeps = self._final(attempt, report, outcome)
+        # the hold first: once the row shows its final state, the budget does too
+        await self._settle_hold(attempt, final, outcome, keeps)
+        await self.ledger.update(attempt.row.request_id, attempt.row.attempt, **final)
+        self._observe(attempt, final, outcome)
+
+    def _final(
+        self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
+    ) -> tuple[dict[str, Any], bool]:
+        """The row's final columns (SPEC §7) from what the attempt reported, and whether
+        its hold stays reserved."""
+        usage, rejected = report.usage, outcome == "rejected"
+        settlement = settle(
+            effective_n=attempt.plan.candidates_per_attempt,
+            returned_n=0 if rejected else report.returned,
+            usage_present=usage_complete(usage),
+            stream=report.stream,
+            outcome=outcome,
+        )
+        if rejected:
+            final = dict(_NOTHING_USED)
+        elif settlement.state == "settled":
+            final = _usage_fields(usage, attempt.route.route.pricing)
+        else:
+            final = {}
+        final.update(
+            provider_request_id=report.provider_request_id,
+            returned_candidate_count=0 if rejected else report.returned,
+            finish_reasons=report.finish_reasons,
+            usage_source=_usage_source(usage, report.stream),
+            state=settlement.state,
+            reconciliation_reason=settlement.reconciliation_reason,
+            latency_ms=round((time.monotonic() - attempt.started) * 1000, 3),
+        )
+        return final, settlement.holds_reservation
+
+    async def _settle_hold(
+        self, attempt: Attempt, final: dict[str, Any], outcome: AttemptOutcome, keeps: bool
+    ) -> None:
+        hold = attempt.holds.pop(attempt.number, None)
+        if hold is None:
+            return
+        if outcome == "rejected":
+            await self.budgets.release(hold)  # a refusal generated nothing
+        elif keeps:
+            await self.budgets.keep(hold)
+            return  # still outstanding until reconciled
+        else:
+            tokens, cost = final.get("total_tokens") or 0, final.get("cost_micros") or 0
+            await self.budgets.settle(hold, tokens, cost)
+        self.metrics.reservations_outstanding.dec()
+
+    def _observe(self, attempt: Attempt, final: dict[str, Any], outcome: AttemptOutcome) -> None:
+        m, rid = self.metrics, attempt.route.id
+        m.child(m.attempts, rid, outcome).inc()
+        m.child(m.upstream_latency, rid).observe(time.monotonic() - attempt.started)
+        if final.get("input_tokens"):
+            m.child(m.tokens, rid, "in").inc(final["input_tokens"])
+        if final.get("output_tokens_total"):
+            m.child(m.tokens, rid, "out").inc(final["output_tokens_total"])
+        if final["state"] in ("pending", "usage_reconciliation_required"):
+            m.pending_reconciliation.inc()
+
+
+def usage_complete(usage: SummaryUsage | None) -> bool:
+    return (
+        usage is not None
+        and usage.prompt_tokens is not None
+        and (usage.completion_tokens is not None)
+    )
+
+
+def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any]:
+    if usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
+        return {}
+    cached = (usage.prompt_tokens_details and usage.prompt_tokens_details.cached_tokens) or 0
+    reasoning = usage.completion_tokens_details and usage.completion_tokens_details.reasoning_tokens
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "cached_input_tokens": cached,
+        "output_tokens_total": usage.completion_tokens,
+        "reasoning_tokens": reasoning,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "cost_micros": cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing),
+    }
+
+
+def _usage_source(usage: SummaryUsage | None, stream: bool) -> Any:
+    if usage is None:
+        return "none"
+    return "provider_stream" if stream else "provider_response"
+
+
+_NOTHING_USED: dict[str, Any] = {
+    "input_tokens": 0,
+    "output_tokens_total": 0,
+    "total_tokens": 0,
+    "cost_micros": 0,
+    "cached_input_tokens": 0,
+}

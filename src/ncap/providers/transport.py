@@ -1,0 +1,124 @@
+"""The upstream HTTP transport every HTTP provider shares: one pooled aiohttp session,
+per-attempt timeouts, and aiohttp's exceptions converted to ``AttemptFailed`` in one
+context manager, ``mapped``, where they enter (``raise … from exc``).
+
+A provider gives the URL, its headers and ``failure_of``, which turns a non-200 answer
+into an ``AttemptFailed`` carrying that upstream's own error, normalized. Everything
+about the upstream's wire shapes stays in the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+
+import aiohttp
+
+from ncap.providers.base import AttemptFailed
+
+__all__ = ["FailureOf", "HttpTransport", "mapped", "parse_retry_after"]
+
+FailureOf = Callable[[int, Mapping[str, str], bytes], AttemptFailed]
+"""(status, response headers, body) of a non-200 answer → the attempt's failure."""
+
+_MAX_ERROR_BODY = 65536
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """``retry-after-ms`` (OpenAI's) wins over ``retry-after`` in seconds; dates ignored."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            continue
+    return None
+
+
+class HttpTransport:
+    """POST a JSON body to one URL, whole or streamed, over a session opened lazily."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        connect_timeout_s: float,
+        max_connections: int,
+        failure_of: FailureOf,
+    ) -> None:
+        self.url = url
+        self._headers = dict(headers)
+        self._connect_timeout = connect_timeout_s
+        self._limit = max_connections
+        self._failure_of = failure_of
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, auto_decompress=True
+            )
+        return self._session
+
+    async def post(self, data: bytes, *, timeout: float) -> tuple[bytes, Mapping[str, str]]:
+        """The 200 answer's body and headers; any other status raises ``failure_of``'s."""
+        client_timeout = aiohttp.ClientTimeout(
+            total=timeout, connect=min(self._connect_timeout, timeout)
+        )
+        with mapped():
+            async with self._client().post(self.url, data=data, timeout=client_timeout) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise self._failure(resp, payload)
+                return payload, resp.headers
+
+    @asynccontextmanager
+    async def open(self, data: bytes, *, timeout: float) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A 200 response whose body is still to be read; closed on leaving the context
+        (client disconnect included), which cancels the upstream request."""
+        # total=None: a long stream is fine; the per-attempt timeout bounds the wait for
+        # the response head and every gap between chunks (sock_read).
+        client_timeout = aiohttp.ClientTimeout(
+            total=None, connect=min(self._connect_timeout, timeout), sock_read=timeout
+        )
+        with mapped():
+            resp = await asyncio.wait_for(
+                self._client().post(self.url, data=data, timeout=client_timeout), timeout
+            )
+        try:
+            if resp.status != 200:
+                with mapped():
+                    payload = await resp.read()
+                raise self._failure(resp, payload)
+            yield resp
+        finally:
+            resp.close()
+
+    def _failure(self, resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
+        return self._failure_of(resp.status, resp.headers, payload[:_MAX_ERROR_BODY])
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+@contextmanager
+def mapped(*, partial: bool = False) -> Iterator[None]:
+    """aiohttp/asyncio failures → AttemptFailed, where they enter."""
+    try:
+        yield
+    except AttemptFailed:
+        raise
+    except TimeoutError as exc:
+        raise AttemptFailed("timeout", detail="upstream timed out", partial=partial) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise AttemptFailed("connection", detail="cannot connect", dispatched=False) from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise AttemptFailed("connection", detail="upstream body cut", partial=True) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise AttemptFailed("connection", detail=type(exc).__name__, partial=partial) from exc

@@ -1,0 +1,115 @@
+"""One table: a failed attempt → its ledger outcome and the client's error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from ncap.errors import NcapError, Overloaded
+from ncap.lifecycle.failures import (
+    TABLE,
+    as_failure,
+    classify,
+    client_error,
+    ledger_outcome,
+    stream_cut,
+)
+from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
+from ncap.providers.openai import openai_failure
+
+RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
+BAD = UpstreamErrorDetail("Invalid 'messages'", code="invalid_value", param="messages")
+
+CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
+    # failure, class, ledger outcome, client status, client code
+    (AttemptFailed("timeout"), "timeout", "timeout", 504, "upstream_timeout"),
+    (AttemptFailed("connection", dispatched=False), "refused", "rejected", 502, "upstream_error"),
+    (AttemptFailed("connection"), "connection", "connection_error", 502, "upstream_error"),
+    (AttemptFailed("protocol", 200), "unreadable", "upstream_error", 502, "upstream_error"),
+    (AttemptFailed("status"), "unreadable", "upstream_error", 502, "upstream_error"),
+    (
+        AttemptFailed("status", 429, error=RATE),
+        "rate_limited",
+        "rejected",
+        429,
+        "rate_limit_exceeded",
+    ),
+    (AttemptFailed("status", 429), "slow_down", "rejected", 429, "slow_down"),
+    (AttemptFailed("status", 503), "overloaded", "rejected", 503, "server_is_overloaded"),
+    (AttemptFailed("status", 400, error=BAD), "request_rejected", "rejected", 400, "invalid_value"),
+    (AttemptFailed("status", 422), "request_rejected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 403), "other_4xx", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 500), "other_status", "upstream_error", 502, "upstream_error"),
+]
+
+
+@pytest.mark.parametrize(("failure", "cls", "outcome", "status", "code"), CASES)
+def test_one_table_maps_each_failure(
+    failure: AttemptFailed, cls: str, outcome: str, status: int, code: str | None
+) -> None:
+    assert classify(failure) == cls
+    assert ledger_outcome(failure) == outcome
+    error = client_error(failure)
+    assert (error.status, error.code) == (status, code)
+
+
+def test_every_class_has_a_row() -> None:
+    assert {c for _, c, *_ in CASES} == set(TABLE)
+
+
+def test_a_relayed_400_keeps_message_and_param() -> None:
+    error = client_error(AttemptFailed("status", 400, error=BAD))
+    assert error.envelope()["error"] == {
+        "message": "Upstream: Invalid 'messages'",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "invalid_value",
+    }
+
+
+def _gemini_failure(status: int, payload: bytes) -> AttemptFailed:
+    """How a provider with Gemini's error shape normalizes it (no OpenAI decoding)."""
+    err: dict[str, Any] = msgspec.json.decode(payload)["error"]
+    detail = UpstreamErrorDetail(err["message"], code=str(err["status"]).lower())
+    return AttemptFailed("status", status, error=detail)
+
+
+def test_a_non_openai_error_shape_is_relayed_as_a_400() -> None:
+    gemini = b'{"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "bad role"}}'
+    error = client_error(_gemini_failure(400, gemini))
+    assert (error.status, error.code, str(error)) == (400, "invalid_argument", "Upstream: bad role")
+    # the same body read as OpenAI's envelope does not decode: a generic 502
+    assert client_error(openai_failure(400, {}, gemini)).status == 502
+
+
+def test_openai_failure_reads_the_envelope_once() -> None:
+    payload = (
+        b'{"error": {"message": "slow", "type": "x", "param": null, "code": "rate_limit_exceeded"}}'
+    )
+    failure = openai_failure(429, {"retry-after-ms": "250", "x-request-id": "up-9"}, payload)
+    assert failure.error == UpstreamErrorDetail("slow", code="rate_limit_exceeded")
+    assert (failure.retry_after, failure.provider_request_id, failure.retryable) == (
+        0.25,
+        "up-9",
+        True,
+    )
+
+
+def test_a_providers_own_refusal_is_recorded_as_rejected_and_shown_as_is() -> None:
+    own = Overloaded("queue full")
+    assert ledger_outcome(as_failure(own)) == "rejected"
+    assert stream_cut(own) == ("upstream_error", own)
+
+
+@pytest.mark.parametrize(
+    ("failure", "cut"),
+    [
+        (AttemptFailed("connection", partial=True), "upstream_reset"),
+        (AttemptFailed("protocol", 200), "malformed_stream"),
+    ],
+)
+def test_mid_stream_failures(failure: AttemptFailed, cut: str) -> None:
+    reason, error = stream_cut(failure)
+    assert reason == cut and isinstance(error, NcapError) and error.status == 502
