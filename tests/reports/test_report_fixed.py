@@ -7,6 +7,8 @@ derived in the comments from the rows, not from the code under test.
 
 from __future__ import annotations
 
+import asyncio
+
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -237,6 +239,12 @@ NOW = t(11, 6)
 @pytest.fixture
 async def report(backend: Backend) -> Report:
     await backend.write(EVENTS)
+    # the report is synchronous (a PostgreSQL source runs its own loop): build it in a
+    # thread, as the dashboard does
+    return await asyncio.to_thread(_build, backend)
+
+
+def _build(backend: Backend) -> Report:
     source = backend.open_source()
     try:
         return build_report(
