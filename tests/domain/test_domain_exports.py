@@ -45,6 +45,7 @@ DOMAIN = {
 }
 
 STORES = {
+    "BudgetHistory",
     "BudgetStore",
     "DuplicateAttempt",
     "Hold",
@@ -56,6 +57,7 @@ STORES = {
     "SQLiteBudgetStore",
     "SQLiteLedgerStore",
     "budgets_from_url",
+    "history_of",
     "hold_id_for",
     "ledger_from_url",
     "sqlite_target",

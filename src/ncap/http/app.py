@@ -30,7 +30,7 @@ from ncap.metrics import Metrics
 from ncap.providers.base import Provider
 from ncap.providers.openai import OpenAIProvider
 from ncap.service import Gateway, Reply, RouteRuntime
-from ncap.stores import budgets_from_url, ledger_from_url
+from ncap.stores import budgets_from_url, history_of, ledger_from_url
 
 __all__ = ["create_app", "hash_key"]
 
@@ -293,13 +293,12 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    accounting = Accounting(
-        config,
-        ledger_from_url(config.stores.ledger),
-        budgets_from_url(config.stores.budgets, gateway_instance=instance),
-        instance=instance,
-        metrics=metrics_,
+    ledger = ledger_from_url(config.stores.ledger, durability=config.stores.ledger_durability)
+    # in-process budgets are a cache of the ledger, rebuilt from it at start-up
+    budgets = budgets_from_url(
+        config.stores.budgets, gateway_instance=instance, history=history_of(ledger)
     )
+    accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
     routes = {
         rid: RouteRuntime(rid, route, build_provider(rid, config))
         for rid, route in config.routes.items()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from uuid import uuid4
 
 from ncap.config import Pricing
-from ncap.domain.budget import Amounts, Buckets, Usage
+from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
 from ncap.domain.events import (
     LEDGER_COLUMNS,
     UNSETTLED_STATES,
@@ -45,6 +46,69 @@ def new_hold(
         gateway_instance=gateway_instance,
         created_at=buckets.now,
     )
+
+
+class TwoPhaseBudgets:
+    """The ``reserve`` every budget backend shares; a backend supplies ``_reserve``,
+    which must run ``Charge.admit`` and store its entries in one critical section."""
+
+    _clock: Callable[[], datetime]
+
+    async def reserve(
+        self,
+        workload_id: str,
+        windows: BudgetWindows,
+        amounts: Amounts,
+        *,
+        exception_id: str | None = None,
+        now: datetime | None = None,
+        hold_id: str | None = None,
+    ) -> Hold:
+        buckets = Buckets.at(now or self._clock())
+        return await self._reserve(
+            Charge(workload_id, exception_id, windows, amounts, buckets, hold_id)
+        )
+
+    async def _reserve(self, charge: Charge) -> Hold:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One reservation being decided: what is asked, against which windows, when."""
+
+    workload_id: str
+    exception_id: str | None
+    windows: BudgetWindows
+    amounts: Amounts
+    buckets: Buckets
+    hold_id: str | None
+
+    def admit(self, usage: Usage, exists: bool, instance: str) -> tuple[Hold, list[Entry]]:
+        """The new hold and the counters it adds to, or raise (nothing changed)."""
+        if exists:
+            raise ValueError(f"hold {self.hold_id!r} already exists")
+        admit(self.workload_id, self.exception_id, usage, self.windows, self.amounts, self.buckets)
+        hold = new_hold(
+            self.workload_id, self.exception_id, self.amounts, self.buckets, instance, self.hold_id
+        )
+        return hold, hold_entries(hold, hold.tokens, hold.cost_micros, 1)
+
+
+def check_actuals(actual_tokens: int, actual_cost_micros: int) -> None:
+    """Refuse negative usage before any hold is touched."""
+    if actual_tokens < 0 or actual_cost_micros < 0:
+        raise ValueError("actual usage cannot be negative")
+
+
+def settle_entries(hold: Hold, actual_tokens: int, actual_cost_micros: int) -> list[Entry]:
+    """The deltas that replace a hold's reservation by actual usage."""
+    return hold_entries(hold, actual_tokens - hold.tokens, actual_cost_micros - hold.cost_micros, 0)
+
+
+def release_entries(hold: Hold) -> list[Entry]:
+    """The deltas that give a never-dispatched hold back entirely."""
+    return hold_entries(hold, -hold.tokens, -hold.cost_micros, -1)
 
 
 def hold_entries(hold: Hold, tokens: int, cost: int, requests: int) -> list[Entry]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ncap.config import Pricing
 from ncap.domain.budget import Amounts, BudgetWindows, Usage
@@ -26,6 +26,7 @@ from ncap.domain.events import LedgerEvent, ReconciliationRow
 
 __all__ = [
     "Amounts",
+    "BudgetHistory",
     "BudgetStore",
     "BudgetWindows",
     "DuplicateAttempt",
@@ -124,6 +125,16 @@ class LedgerStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class BudgetHistory(Protocol):
+    """What in-process budgets rebuild their counters from at start-up (the ledger)."""
+
+    def budget_rows(self, since: datetime) -> AsyncIterator[LedgerEvent]:
+        """Every row that can still weigh on a budget: those at or after ``since`` (the
+        start of the current month), those of an exception, and every unsettled one."""
+        ...
 
 
 class BudgetStore(Protocol):

@@ -86,7 +86,7 @@ _SELECT = f"SELECT {_COLUMNS} FROM ledger_events"
 class SQLiteLedgerStore:
     """``LedgerStore`` on a local SQLite file (WAL, group commit)."""
 
-    def __init__(self, path: str | Path, *, synchronous: Synchronous = "FULL") -> None:
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> None:
         self.path = Path(path)
         self._writer = SQLiteWriter(self.path, MIGRATIONS, synchronous=synchronous)
         self._reader = SQLiteReader(self.path)
@@ -121,6 +121,16 @@ class SQLiteLedgerStore:
                 return
             last = page[-1]
             after = (_ts(last.timestamp), last.request_id, last.attempt)
+
+    async def budget_rows(self, since: datetime) -> AsyncIterator[LedgerEvent]:
+        after, stamp = 0, _ts(since)
+        while True:
+            page = await self._reader.run(partial(_budget_page, after=after, since=stamp))
+            for _, event in page:
+                yield event
+            if len(page) < EXPORT_PAGE:
+                return
+            after = page[-1][0]
 
     async def pending(self) -> list[LedgerEvent]:
         sql = (
@@ -195,6 +205,17 @@ def _export_page(
         f"ORDER BY timestamp, request_id, attempt LIMIT {EXPORT_PAGE}"
     )
     return _fetch(conn, sql, (*after, end))
+
+
+def _budget_page(conn: sqlite3.Connection, after: int, since: str) -> list[tuple[int, LedgerEvent]]:
+    """One page of the rows in-process budgets are rebuilt from, in rowid order."""
+    sql = (
+        f"SELECT rowid, {_COLUMNS} FROM ledger_events WHERE rowid > ? AND policy_result = 'allow'"
+        " AND (timestamp >= ? OR exception_id IS NOT NULL OR state IN"
+        " ('reserved', 'pending', 'usage_reconciliation_required'))"
+        f" ORDER BY rowid LIMIT {EXPORT_PAGE}"
+    )
+    return [(row[0], _decode_row(row[1:])) for row in conn.execute(sql, (after, since))]
 
 
 def _update(
