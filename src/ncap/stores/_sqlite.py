@@ -8,11 +8,13 @@ and only then resolves every caller's future. An awaited write is therefore dura
 per request. An operation that raises is rolled back to its savepoint and fails
 alone; a failed COMMIT fails every operation of the batch. Nothing is swallowed.
 
-ONE WAKE-UP PER BATCH. Callers wait on plain asyncio futures; after the commit the
-writer hands the whole batch's outcomes to the event loop in one
-``call_soon_threadsafe`` (one self-pipe write), instead of one per operation as
-``asyncio.wrap_future`` would: under load a batch of 50 writes costs the loop one
-wake-up, not 50.
+ONE HAND-OFF EACH WAY PER LOOP TICK. Operations queued during one event-loop
+iteration go to the writer thread as one list (one queue put, one thread wake-up),
+and after the commit the writer hands the whole batch's outcomes back in one
+``call_soon_threadsafe`` (one self-pipe write), instead of one each way per operation
+as ``queue.put`` + ``asyncio.wrap_future`` would: under load a batch of 50 writes
+costs the loop two cross-thread hand-offs, not 100. (So ``run`` is for one event
+loop at a time, the way a store belongs to one app.)
 
 Durability: WAL with ``synchronous=FULL`` fsyncs the WAL at every commit, so an
 acknowledged write survives power loss; ``NORMAL`` (the ledger's default, see
@@ -100,6 +102,7 @@ class SQLiteWriter:
         self.path = path
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending: list[_Job] = []  # queued in this loop tick, not yet handed over
         self._closed = False
         self._ready: Future[None] = Future()
         self._thread = threading.Thread(
@@ -121,14 +124,23 @@ class SQLiteWriter:
             raise RuntimeError(f"SQLite store {self.path} is closed")
         loop = asyncio.get_running_loop()
         job = _Job(fn, loop, loop.create_future(), single_statement)
-        self._queue.put(job)
+        self._pending.append(job)
+        if len(self._pending) == 1:
+            loop.call_soon(self._hand_over)
         result: T = await job.future
         return result
+
+    def _hand_over(self) -> None:
+        """Give the writer everything queued in this loop tick, in one put."""
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self._queue.put(batch)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._hand_over()
         self._queue.put(_STOP)
         await asyncio.to_thread(self._thread.join)
 
@@ -151,7 +163,7 @@ class SQLiteWriter:
         batch: list[_Job] = []
         item = self._queue.get()
         while item is not _STOP:
-            batch.append(item)
+            batch.extend(item)
             if len(batch) >= self._max_batch or self._queue.empty():
                 break
             item = self._queue.get()
