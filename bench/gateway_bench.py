@@ -118,6 +118,7 @@ routes:
     base_url: http://127.0.0.1:{upstream_port}/v1
     upstream_model: fake-model
     api_key_env: NCAP_BENCH_UPSTREAM_KEY
+    pricing: {{input_per_mtok: 0.15, output_per_mtok: 0.6}}
     contract:
       candidates: native
       max_candidates: 4
@@ -181,6 +182,7 @@ routes:
     base_url: http://127.0.0.1:{upstream_port}/v1
     upstream_model: fake-model
     api_key_env: NCAP_BENCH_UPSTREAM_KEY
+    pricing: {{input_per_mtok: 0.15, output_per_mtok: 0.6}}
     contract:
       candidates: native
       max_candidates: 4
