@@ -3,6 +3,7 @@ and the memory ledger stays bounded and indexed by request."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import ncap.stores._sqlite as plumbing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import LedgerEvent
 from ncap.stores import (
@@ -162,3 +164,25 @@ async def test_ledger_durability_sets_synchronous(
     assert seen == [level]
     with sqlite3.connect(tmp_path / "l.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_writes_of_one_loop_tick_reach_the_writer_as_one_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    commit = plumbing._commit
+
+    def counting(conn: sqlite3.Connection, batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        commit(conn, batch)
+
+    monkeypatch.setattr(plumbing, "_commit", counting)
+    ledger = SQLiteLedgerStore(tmp_path / "l.db")
+    try:
+        await asyncio.gather(*(ledger.append(_row(f"r{i}", NOW)) for i in range(200)))
+        await asyncio.gather(*(ledger.update(f"r{i}", 1, state="settled") for i in range(200)))
+        rows = [e async for e in ledger.export()]
+    finally:
+        await ledger.close()
+    assert sizes == [200, 200]
+    assert len(rows) == 200 and {e.state for e in rows} == {"settled"}

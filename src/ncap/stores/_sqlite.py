@@ -103,6 +103,8 @@ class SQLiteWriter:
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: list[_Job] = []  # queued in this loop tick, not yet handed over
+        # the loop a hand-over is scheduled on (a loop that died first is replaced)
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._ready: Future[None] = Future()
         self._thread = threading.Thread(
@@ -125,13 +127,15 @@ class SQLiteWriter:
         loop = asyncio.get_running_loop()
         job = _Job(fn, loop, loop.create_future(), single_statement)
         self._pending.append(job)
-        if len(self._pending) == 1:
+        if self._scheduled_on is not loop:
+            self._scheduled_on = loop
             loop.call_soon(self._hand_over)
         result: T = await job.future
         return result
 
     def _hand_over(self) -> None:
         """Give the writer everything queued in this loop tick, in one put."""
+        self._scheduled_on = None
         if self._pending:
             batch, self._pending = self._pending, []
             self._queue.put(batch)
