@@ -30,7 +30,7 @@ bench: bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engi
 bench-gateway: setup
 	@scripts/setup-litellm.sh
 	@scripts/setup-portkey.sh
-	$(BIN)/python bench/gateway_bench.py --targets direct,bare,ncap-memory,ncap-ledger,ncap,ncap-sqlite,portkey,litellm --rounds 3
+	$(BIN)/python bench/gateway_bench.py --targets direct,bare,ncap-memory,ncap-ledger,ncap,ncap-sqlite,portkey,litellm --rounds 3 --warmup 3
 
 bench-ledger: setup
 	$(BIN)/python bench/ledger_check.py --requests 5000 --concurrency 64

@@ -18,8 +18,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from ncap.config import LedgerDurability, utcnow
-from ncap.domain.events import UNSETTLED_STATES, LedgerEvent
+from ncap.domain.events import LedgerEvent
 from ncap.errors import ConfigError
+from ncap.stores._common import is_held, spent_totals
 from ncap.stores._sqlite import Synchronous
 from ncap.stores.base import (
     BudgetHistory,
@@ -29,6 +30,7 @@ from ncap.stores.base import (
     HoldState,
     ImportResult,
     LedgerStore,
+    SpentTotal,
     hold_id_for,
 )
 from ncap.stores.memory_budget import MemoryBudgetStore
@@ -109,11 +111,14 @@ class _ExportHistory:
     def __init__(self, ledger: LedgerStore) -> None:
         self._ledger = ledger
 
-    async def budget_rows(self, since: datetime) -> AsyncIterator[LedgerEvent]:
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
         async for event in self._ledger.export():
-            held = event.state == "reserved" or event.state in UNSETTLED_STATES
-            if event.timestamp >= since or event.exception_id or held:
+            if is_held(event):
                 yield event
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        for total in spent_totals([e async for e in self._ledger.export()], since):
+            yield total
 
 
 def _max_rows(url: str) -> int:

@@ -16,7 +16,7 @@ from ncap.domain.events import (
     ReconciliationRow,
     reconcile,
 )
-from ncap.stores.base import Hold, ImportResult
+from ncap.stores.base import Hold, ImportResult, SpentTotal
 
 # (subject, window, bucket, amount): one counter a hold adds to
 Entry = tuple[str, str, str, int]
@@ -113,17 +113,49 @@ def release_entries(hold: Hold) -> list[Entry]:
 
 def hold_entries(hold: Hold, tokens: int, cost: int, requests: int) -> list[Entry]:
     """The counters a hold touches, each with the given amount (a delta when settling)."""
-    w = hold.workload_id
+    return minute_entries(hold.workload_id, hold.exception_id, hold.minute, tokens, cost, requests)
+
+
+def minute_entries(
+    workload_id: str, exception_id: str | None, minute: str, tokens: int, cost: int, requests: int
+) -> list[Entry]:
+    """The counters of one minute's amounts (its day and month are its prefixes)."""
+    w, day, month = workload_id, minute[:10], minute[:7]
     entries: list[Entry] = [
-        (w, "tokens_minute", hold.minute, tokens),
-        (w, "requests_minute", hold.minute, requests),
-        (w, "tokens_day", hold.day, tokens),
-        (w, "cost_day", hold.day, cost),
-        (w, "cost_month", hold.month, cost),
+        (w, "tokens_minute", minute, tokens),
+        (w, "requests_minute", minute, requests),
+        (w, "tokens_day", day, tokens),
+        (w, "cost_day", day, cost),
+        (w, "cost_month", month, cost),
     ]
-    if hold.exception_id is not None:
-        entries.append((hold.exception_id, "cost_exception", LIFE_BUCKET, cost))
+    if exception_id is not None:
+        entries.append((exception_id, "cost_exception", LIFE_BUCKET, cost))
     return entries
+
+
+HELD_STATES = frozenset({"reserved", *UNSETTLED_STATES})
+
+
+def is_held(event: LedgerEvent) -> bool:
+    """An admitted attempt whose reservation is still held."""
+    return event.policy_result == "allow" and event.state in HELD_STATES
+
+
+def spent_totals(events: Iterable[LedgerEvent], since: datetime) -> list[SpentTotal]:
+    """``BudgetHistory.spent_totals`` computed from rows (backends without SQL for it)."""
+    sums: dict[tuple[str, str | None, str], list[int]] = {}
+    for e in events:
+        spent = e.state in ("settled", "reconciled") and e.usage_source != "none"
+        if not spent or e.policy_result != "allow":
+            continue
+        if e.timestamp < since and e.exception_id is None:
+            continue
+        key = (e.workload_id, e.exception_id, Buckets.at(e.timestamp).minute)
+        total = sums.setdefault(key, [0, 0, 0])
+        total[0] += e.total_tokens or 0
+        total[1] += e.cost_micros or 0
+        total[2] += 1
+    return [SpentTotal(w, x, m, *amounts) for (w, x, m), amounts in sums.items()]
 
 
 def usage_keys(workload_id: str, exception_id: str | None, b: Buckets) -> dict[str, Key]:

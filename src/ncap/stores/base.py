@@ -34,6 +34,7 @@ __all__ = [
     "HoldState",
     "ImportResult",
     "LedgerStore",
+    "SpentTotal",
     "Usage",
     "hold_id_for",
 ]
@@ -127,13 +128,30 @@ class LedgerStore(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class SpentTotal:
+    """Actual spend of finished attempts in one minute (``YYYY-MM-DDTHH:MM``, UTC)."""
+
+    workload_id: str
+    exception_id: str | None
+    minute: str
+    tokens: int
+    cost_micros: int
+    requests: int
+
+
 @runtime_checkable
 class BudgetHistory(Protocol):
     """What in-process budgets rebuild their counters from at start-up (the ledger)."""
 
-    def budget_rows(self, since: datetime) -> AsyncIterator[LedgerEvent]:
-        """Every row that can still weigh on a budget: those at or after ``since`` (the
-        start of the current month), those of an exception, and every unsettled one."""
+    def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        """Every admitted row still holding its reservation (reserved or unsettled)."""
+        ...
+
+    def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        """Settled and reconciled spend per minute: at or after ``since`` (the start of
+        the month), and of any age for exceptions; refused attempts (released holds,
+        ``usage_source=none``) excluded."""
         ...
 
 

@@ -6,10 +6,11 @@ check and the update run under one lock with no ``await`` between them.
 
 THE LEDGER IS THE SOURCE OF TRUTH, THE COUNTERS A CACHE OF IT. Built with a
 ``history`` (the ledger), ``recover_lost`` (called once at start-up, after the ledger
-turned a dead predecessor's ``reserved`` rows into ``gateway_lost`` ones) replays the
-rows that can still weigh on a window: unsettled rows become *kept* holds whose
-reserved amounts stay counted (their slot freed), settled and reconciled rows count
-their actual spend in their own buckets. A restart or a ``kill -9`` therefore loses
+turned a dead predecessor's ``reserved`` rows into ``gateway_lost`` ones) replays what
+can still weigh on a window: unsettled rows become *kept* holds whose reserved
+amounts stay counted (their slot freed); settled and reconciled spend, summed per
+minute by the ledger (this month's, and every exception's), is added to its own
+buckets. A restart or a ``kill -9`` therefore loses
 no hold and forgets no spend: every row the gateway acknowledged before dispatch is
 in the ledger (``append`` is durable when it returns). Without a history (tests,
 ``memory://`` ledgers) nothing survives the process.
@@ -39,6 +40,7 @@ from ncap.stores._common import (
     check_actuals,
     hold_entries,
     hold_ref,
+    minute_entries,
     new_hold,
     release_entries,
     settle_entries,
@@ -47,9 +49,6 @@ from ncap.stores._common import (
 from ncap.stores.base import BudgetHistory, Hold, hold_id_for
 
 __all__ = ["MemoryBudgetStore"]
-
-_HELD_STATES = frozenset({"reserved", "pending", "usage_reconciliation_required"})
-_SPENT_STATES = frozenset({"settled", "reconciled"})
 
 
 class MemoryBudgetStore(TwoPhaseBudgets):
@@ -132,44 +131,43 @@ class MemoryBudgetStore(TwoPhaseBudgets):
         month_start = (
             self._clock().astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         )
-        held = 0
-        async for event in self._history.budget_rows(month_start):
+        async for total in self._history.spent_totals(month_start):
+            entries = minute_entries(
+                total.workload_id,
+                total.exception_id,
+                total.minute,
+                total.tokens,
+                total.cost_micros,
+                total.requests,
+            )
             with self._lock:
-                held += self._replay(event)
+                self._add_replayed(entries)
+        held = 0
+        async for event in self._history.held_rows():
+            with self._lock:
+                held += self._hold_again(event)
         return held
 
     async def close(self) -> None:
         return None
 
-    def _replay(self, event: LedgerEvent) -> int:
-        """Count one ledger row as the live counters would have; 1 if it is held."""
-        if event.policy_result == "deny":
+    def _hold_again(self, event: LedgerEvent) -> int:
+        """Count an unsettled row's reservation again, as a kept hold; 1 if new."""
+        hold_id = hold_id_for(event.request_id, event.attempt)
+        if hold_id in self._holds:
             return 0
-        buckets = Buckets.at(event.timestamp)
-        if event.state in _HELD_STATES:
-            tokens = event.reserved_input_tokens + event.reserved_output_tokens
-            amounts = Amounts(tokens, event.reserved_cost_micros)
-            hold_id = hold_id_for(event.request_id, event.attempt)
-            hold = new_hold(
-                event.workload_id,
-                event.exception_id,
-                amounts,
-                buckets,
-                event.gateway_instance,
-                hold_id,
-            )
-            if hold_id in self._holds:
-                return 0
-            self._holds[hold_id] = replace(hold, state="kept")
-            self._add_replayed(hold_entries(hold, hold.tokens, hold.cost_micros, 1))
-            return 1
-        if event.state in _SPENT_STATES and event.usage_source != "none":
-            spent = new_hold(
-                event.workload_id, event.exception_id, Amounts(0, 0), buckets, "", "replay"
-            )
-            tokens, cost = event.total_tokens or 0, event.cost_micros or 0
-            self._add_replayed(hold_entries(spent, tokens, cost, 1))
-        return 0
+        tokens = event.reserved_input_tokens + event.reserved_output_tokens
+        hold = new_hold(
+            event.workload_id,
+            event.exception_id,
+            Amounts(tokens, event.reserved_cost_micros),
+            Buckets.at(event.timestamp),
+            event.gateway_instance,
+            hold_id,
+        )
+        self._holds[hold_id] = replace(hold, state="kept")
+        self._add_replayed(hold_entries(hold, hold.tokens, hold.cost_micros, 1))
+        return 1
 
     def _count(self, hold: Hold, delta: int) -> None:
         """Track active holds per workload, so admission does not scan every hold."""

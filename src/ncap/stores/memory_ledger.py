@@ -19,13 +19,19 @@ from typing import Any
 
 from ncap.config import Pricing
 from ncap.domain.events import UNSETTLED_STATES, LedgerEvent, ReconciliationRow
-from ncap.stores._common import apply_import, check_update_fields, is_lost
-from ncap.stores.base import DuplicateAttempt, ImportResult
+from ncap.stores._common import (
+    HELD_STATES,
+    apply_import,
+    check_update_fields,
+    is_held,
+    is_lost,
+    spent_totals,
+)
+from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
 
 __all__ = ["DEFAULT_MAX_ROWS", "MemoryLedgerStore"]
 
 DEFAULT_MAX_ROWS = 10_000
-_HELD = frozenset({"reserved", *UNSETTLED_STATES})
 _ROTATIONS_PER_APPEND = 8  # held rows moved aside per append while looking for one to drop
 
 Key = tuple[str, int]
@@ -74,7 +80,7 @@ class MemoryLedgerStore:
         for _ in range(_ROTATIONS_PER_APPEND):
             key = next(iter(self._rows))
             state = self._updates.get(key, {}).get("state", self._rows[key].state)
-            if state in _HELD:
+            if state in HELD_STATES:
                 self._rows[key] = self._rows.pop(key)  # still a hold: keep it, newest
                 continue
             del self._rows[key]
@@ -108,10 +114,14 @@ class MemoryLedgerStore:
             ):
                 yield event
 
-    async def budget_rows(self, since: datetime) -> AsyncIterator[LedgerEvent]:
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
         for event in sorted(self._merged().values(), key=_order):
-            if event.timestamp >= since or event.exception_id or event.state in _HELD:
+            if is_held(event):
                 yield event
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        for total in spent_totals(self._merged().values(), since):
+            yield total
 
     async def pending(self) -> list[LedgerEvent]:
         return sorted(

@@ -22,7 +22,7 @@ from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.stores._common import apply_import, check_update_fields
 from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
-from ncap.stores.base import DuplicateAttempt, ImportResult
+from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
 
 __all__ = ["SQLiteLedgerStore"]
 
@@ -122,15 +122,18 @@ class SQLiteLedgerStore:
             last = page[-1]
             after = (_ts(last.timestamp), last.request_id, last.attempt)
 
-    async def budget_rows(self, since: datetime) -> AsyncIterator[LedgerEvent]:
-        after, stamp = 0, _ts(since)
-        while True:
-            page = await self._reader.run(partial(_budget_page, after=after, since=stamp))
-            for _, event in page:
-                yield event
-            if len(page) < EXPORT_PAGE:
-                return
-            after = page[-1][0]
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        sql = (
+            f"{_SELECT} WHERE state IN ('reserved', 'pending', 'usage_reconciliation_required')"
+            " AND policy_result = 'allow' ORDER BY timestamp, request_id, attempt"
+        )
+        for event in await self._reader.run(lambda conn: _fetch(conn, sql, ())):
+            yield event
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        stamp = _ts(since)
+        for total in await self._reader.run(lambda conn: _spent_totals(conn, stamp)):
+            yield total
 
     async def pending(self) -> list[LedgerEvent]:
         sql = (
@@ -207,15 +210,18 @@ def _export_page(
     return _fetch(conn, sql, (*after, end))
 
 
-def _budget_page(conn: sqlite3.Connection, after: int, since: str) -> list[tuple[int, LedgerEvent]]:
-    """One page of the rows in-process budgets are rebuilt from, in rowid order."""
+def _spent_totals(conn: sqlite3.Connection, since: str) -> list[SpentTotal]:
+    """Spend per (workload, exception, minute), summed by SQLite: a month of rows costs
+    a scan, not a Python object each. ``substr(timestamp, 1, 16)`` is the minute
+    bucket (timestamps are fixed-width UTC ISO text)."""
     sql = (
-        f"SELECT rowid, {_COLUMNS} FROM ledger_events WHERE rowid > ? AND policy_result = 'allow'"
-        " AND (timestamp >= ? OR exception_id IS NOT NULL OR state IN"
-        " ('reserved', 'pending', 'usage_reconciliation_required'))"
-        f" ORDER BY rowid LIMIT {EXPORT_PAGE}"
+        "SELECT workload_id, exception_id, substr(timestamp, 1, 16),"
+        " COALESCE(SUM(total_tokens), 0), COALESCE(SUM(cost_micros), 0), COUNT(*)"
+        " FROM ledger_events WHERE state IN ('settled', 'reconciled')"
+        " AND usage_source != 'none' AND policy_result = 'allow'"
+        " AND (timestamp >= ? OR exception_id IS NOT NULL) GROUP BY 1, 2, 3"
     )
-    return [(row[0], _decode_row(row[1:])) for row in conn.execute(sql, (after, since))]
+    return [SpentTotal(*row) for row in conn.execute(sql, (since,))]
 
 
 def _update(
