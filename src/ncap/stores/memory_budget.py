@@ -10,9 +10,9 @@ turned a dead predecessor's ``reserved`` rows into ``gateway_lost`` ones) replay
 can still weigh on a window: unsettled rows become *kept* holds whose reserved
 amounts stay counted (their slot freed); settled and reconciled spend, summed per
 minute by the ledger (this month's, and every exception's), is added to its own
-buckets. A restart or a ``kill -9`` therefore loses
-no hold and forgets no spend: every row the gateway acknowledged before dispatch is
-in the ledger (``append`` is durable when it returns). Without a history (tests,
+buckets. A restart or a ``kill -9`` therefore loses no hold and forgets no spend:
+every attempt was in the ledger before it was dispatched (``append`` is durable when
+it returns). Without a history (tests,
 ``memory://`` ledgers) nothing survives the process.
 
 A row is bucketed by its own timestamp, taken a few microseconds after the
