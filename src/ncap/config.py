@@ -28,6 +28,7 @@ __all__ = [
     "Contract",
     "ExceptionGrant",
     "KeyEntry",
+    "LedgerDurability",
     "Pricing",
     "Reports",
     "Route",
@@ -90,9 +91,15 @@ class Server(_Model):
             return False
 
 
+LedgerDurability = Literal["normal", "full"]
+
+
 class Stores(_Model):
     ledger: str = "sqlite:///.ncap/ledger.db"
-    budgets: str = "sqlite:///.ncap/budgets.db"
+    # in-process counters rebuilt from the ledger at start-up (SPEC §2, Appendix A)
+    budgets: str = "memory://"
+    # SQLite ledger: normal survives kill -9, full also power loss (docs/configuration.md)
+    ledger_durability: LedgerDurability = "normal"
 
     @field_validator("ledger")
     @classmethod

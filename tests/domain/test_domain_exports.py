@@ -50,6 +50,7 @@ DOMAIN = {
 }
 
 STORES = {
+    "BudgetHistory",
     "BudgetStore",
     "DuplicateAttempt",
     "Hold",
@@ -66,6 +67,7 @@ STORES = {
     "SQLiteBudgetStore",
     "SQLiteLedgerStore",
     "budgets_from_url",
+    "history_of",
     "hold_id_for",
     "instances_for",
     "ledger_from_url",

@@ -8,7 +8,6 @@ derived in the comments from the rows, not from the code under test.
 from __future__ import annotations
 
 import asyncio
-
 from datetime import UTC, date, datetime
 from typing import Any
 

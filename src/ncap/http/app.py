@@ -38,7 +38,14 @@ from ncap.metrics import Metrics
 from ncap.providers import provider_for
 from ncap.providers.base import Provider
 from ncap.providers.openai import OpenAIProvider
-from ncap.stores import Identity, PeerWatch, budgets_from_url, instances_for, ledger_from_url
+from ncap.stores import (
+    Identity,
+    PeerWatch,
+    budgets_from_url,
+    history_of,
+    instances_for,
+    ledger_from_url,
+)
 
 __all__ = ["create_app"]
 
@@ -308,9 +315,12 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    raw_ledger = ledger_from_url(config.stores.ledger)
+    raw_ledger = ledger_from_url(config.stores.ledger, durability=config.stores.ledger_durability)
     ledger = ObservedLedger(raw_ledger, metrics_)
-    budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
+    # in-process budgets are a cache of the ledger, rebuilt from it at start-up
+    budgets = budgets_from_url(
+        config.stores.budgets, gateway_instance=instance, history=history_of(raw_ledger)
+    )
     accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
     gauges = app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
@@ -346,6 +356,9 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
         # recovery that knows its peers (issue 9) instead of Accounting.start(), which
         # would mark every instance's in-flight rows lost
         await peers.start()
+        # in-process budgets rebuild from the ledger here even when no peer was lost
+        # (once; a no-op for shared stores: this new instance holds nothing yet)
+        await budgets.recover_lost(instance)
         await gauges.refresh(force=True)
         await _warm_local_engines(routes.values(), metrics_)
         yield
