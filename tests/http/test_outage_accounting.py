@@ -68,8 +68,10 @@ async def test_an_outage_of_500s_leaves_the_budget_free(
         assert len(r.choices) == 4
     failed = [e for e in await rows(tmp_path) if e.route_id == "fake"]
     assert len(failed) == 15  # five requests, three attempts each (retries: 2)
-    assert {(e.state, e.reconciliation_reason, e.total_tokens, e.cost_micros) for e in failed} == {
-        ("settled", None, 0, 0)
+    outcomes = {(e.state, e.upstream_status, e.total_tokens, e.cost_micros) for e in failed}
+    assert outcomes == {("settled", 500, 0, 0)}
+    assert {(e.reconciliation_reason, e.usage_source) for e in failed} == {
+        (None, "provider_response")
     }
     assert all(e.reserved_output_tokens == 256 for e in failed)  # reserved, then released
     assert sample(text, "ncap_budget_reserved", workload="default", window="tokens_day") == 0

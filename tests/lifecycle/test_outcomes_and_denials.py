@@ -54,6 +54,7 @@ async def test_an_error_answer_on_an_unbilled_route_settles_at_zero(tmp_path: Pa
     assert (row.input_tokens, row.output_tokens_total, row.total_tokens) == (0, 0, 0)
     assert (row.cost_micros, row.returned_candidate_count) == (0, 0)
     assert (row.usage_source, row.provider_request_id) == ("provider_response", "up-err")
+    assert row.upstream_status == 500  # recorded as what it was: an upstream error answer
     assert row.reserved_output_tokens == 256  # it was reserved, then released
     assert await h.outstanding() == []
     outcome = {"route": "a", "outcome": "unbilled_error"}
@@ -103,6 +104,7 @@ async def test_ambiguous_outcomes_stay_held_on_an_unbilled_route(
     (row,) = await h.rows()
     assert (row.state, row.reconciliation_reason) == ("usage_reconciliation_required", reason)
     assert (row.total_tokens, row.cost_micros) == (None, None)
+    assert row.upstream_status == failure.status  # 502, 200 or none
     assert len(await h.outstanding()) == 1
 
 

@@ -87,13 +87,15 @@ DENIED_EVENT = event(
 )
 
 
-async def test_denial_details_roundtrip(ledger: LedgerStore) -> None:
+async def test_denial_details_and_upstream_status_roundtrip(ledger: LedgerStore) -> None:
     await ledger.append(DENIED_EVENT)
     await ledger.append(event("req-a"))
     (denied,) = await ledger.get("req-d")
     assert denied == DENIED_EVENT
     (allowed,) = await ledger.get("req-a")
     assert (allowed.denied_by, allowed.denied_limit, allowed.denied_amount) == (None, None, None)
+    await ledger.update("req-a", 0, state="settled", upstream_status=500)
+    assert (await ledger.get("req-a"))[0].upstream_status == 500
 
 
 async def test_every_attempt_is_its_own_row_and_never_overwritten(ledger: LedgerStore) -> None:
@@ -354,7 +356,8 @@ async def test_a_version_1_file_gains_the_denial_columns(tmp_path: Path) -> None
     conn = sqlite_plumbing.connect(path)
     try:
         assert sqlite_plumbing.migrate(conn, MIGRATIONS[:1]) == 1
-        spec = [c for c in LEDGER_COLUMNS if not c.startswith("denied_")]
+        new = {"denied_by", "denied_limit", "denied_amount", "upstream_status"}
+        spec = [c for c in LEDGER_COLUMNS if c not in new]
         old = event("req-old")
         values = [getattr(old, c) for c in spec]
         values[spec.index("timestamp")] = "2026-11-29T10:00:00.000000Z"

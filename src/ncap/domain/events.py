@@ -67,7 +67,8 @@ UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_req
 
 @dataclass(frozen=True, slots=True)
 class LedgerEvent:
-    """One attempt: the columns of SPEC §7 in its order, then ncap's own (``denied_*``)."""
+    """One attempt: the columns of SPEC §7 in its order, then ncap's own (``denied_*``,
+    ``upstream_status``)."""
 
     timestamp: datetime
     request_id: str
@@ -107,6 +108,9 @@ class LedgerEvent:
     denied_by: str | None = None
     denied_limit: int | None = None
     denied_amount: int | None = None
+    # the HTTP status a failed attempt's upstream answered with (null: it answered, or
+    # sent no status: a timeout, a reset, a cut stream)
+    upstream_status: int | None = None
 
 
 LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerEvent))

@@ -213,16 +213,23 @@ class Accounting:
         report = AttemptReport(failure.provider_request_id, 0, {}, None, attempt.plan.stream, None)
         unbilled = attempt.route.route.contract.error_responses == "unbilled"
         outcome = ledger_outcome(failure, unbilled_errors=unbilled)
-        await self._close(attempt, report, outcome)
+        await self._close(attempt, report, outcome, upstream_status=failure.status)
         _log_failure(attempt, failure.status, classify(failure, unbilled_errors=unbilled), outcome)
 
     async def _close(
-        self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
+        self,
+        attempt: Attempt,
+        report: AttemptReport,
+        outcome: AttemptOutcome,
+        *,
+        upstream_status: int | None = None,
     ) -> None:
         if attempt.closed:
             raise RuntimeError(f"attempt {attempt.number} closed twice")
         attempt.closed = True
         final, keeps = self._final(attempt, report, outcome)
+        if upstream_status is not None:
+            final["upstream_status"] = upstream_status
         # the hold first: once the row shows its final state, the budget does too
         await self._settle_hold(attempt, final, outcome, keeps)
         await self.ledger.update(attempt.row.request_id, attempt.row.attempt, **final)

@@ -4,7 +4,8 @@
 so the row is durable and visible to any new connection; reads use their own
 connection and never wait for the writer. The schema is versioned in
 ``schema_version``; the column names are SPEC §7's, then ncap's own (``denied_by``,
-``denied_limit``, ``denied_amount``: migration 2), which the PostgreSQL adapter shares.
+``denied_limit``, ``denied_amount``, ``upstream_status``: migration 2), which the
+PostgreSQL adapter shares.
 Timestamps are stored as fixed-width UTC ISO text
 (``2026-11-29T10:15:00.000000Z``) so that text order is time order.
 """
@@ -76,11 +77,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     (
-        2,  # what refused a denied request (issue 13): nullable, null on older rows
+        2,  # what refused a denial, a failed attempt's status (issue 13): null on older rows
         """
         ALTER TABLE ledger_events ADD COLUMN denied_by TEXT;
         ALTER TABLE ledger_events ADD COLUMN denied_limit INTEGER;
-        ALTER TABLE ledger_events ADD COLUMN denied_amount INTEGER
+        ALTER TABLE ledger_events ADD COLUMN denied_amount INTEGER;
+        ALTER TABLE ledger_events ADD COLUMN upstream_status INTEGER
         """,
     ),
 )
