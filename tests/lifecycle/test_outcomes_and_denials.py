@@ -131,6 +131,16 @@ async def test_retried_error_answers_each_settle_at_zero(tmp_path: Path) -> None
     assert await h.outstanding() == []
 
 
+async def test_a_refusal_records_its_status_and_no_usage_source(tmp_path: Path) -> None:
+    limited = Fail(AttemptFailed("status", 429, retry_after=0.0))
+    h = harness(tmp_path, {"a": (one_try(), ScriptedProvider([limited]))})
+    with pytest.raises(Exception, match="rate"):
+        await h.chat()
+    (row,) = await h.rows()
+    assert (row.state, row.cost_micros, row.upstream_status) == ("settled", 0, 429)
+    assert row.usage_source == "none"  # a refusal, not an error answer
+
+
 # -- cut streams keep their usage unknown (issue 14) -----------------------------------
 
 
