@@ -29,12 +29,15 @@
     └── ConfigError                         (CLI only: a configuration problem)
 
 Every class knows its HTTP status and OpenAI ``type``/``code``; the message of an
-``NcapError`` is written for the client. Anything else that escapes a handler is an
-internal error and is answered with a generic 500 envelope, never a stack trace.
+``NcapError`` is written for the client. A refusal may also carry a ``Refusal``: which
+limit refused and by how much, for the ledger's denial row (never request content).
+Anything else that escapes a handler is an internal error and is answered with a
+generic 500 envelope, never a stack trace.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "PolicyDenied",
     "RateLimitExceeded",
     "RateLimited",
+    "Refusal",
     "RouteContractStale",
     "RouteDoesNotSupportCandidates",
     "SlowDown",
@@ -66,6 +70,18 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeout",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What refused a request, for its denial row: the limit's name (a budget window such
+    as ``tokens_day``, ``max_candidates``, ``output_ceiling``, or a refused field's
+    name), the limit's value, and what the request needed of it, in the limit's unit
+    (tokens, micro-USD, requests, candidates)."""
+
+    limit: str
+    value: int | None = None
+    amount: int | None = None
 
 
 class NcapError(Exception):
@@ -80,11 +96,13 @@ class NcapError(Exception):
         param: str | None = None,
         retry_after: float | None = None,
         code: str | None = None,
+        refusal: Refusal | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.refusal = refusal
         if code is not None:
             self.code = code  # type: ignore[misc]
 
@@ -207,6 +225,12 @@ class ConcurrencyLimitExceeded(RateLimited):
 
 class BudgetExhausted(RateLimited):
     code = "budget_exhausted"
+
+    @property
+    def window(self) -> str | None:
+        """The budget window that refused (``ncap.metrics.BUDGET_WINDOWS`` or
+        ``exception``), when the store said."""
+        return self.refusal.limit if self.refusal is not None else None
 
     @property
     def should_retry(self) -> bool | None:

@@ -181,7 +181,9 @@ async def test_concurrent_admission_across_store_instances(
     results = await asyncio.gather(*calls, return_exceptions=True)
     admitted = sum(isinstance(r, Hold) for r in results)
     assert admitted == (200 if stores[0].quota_scope == "instance" else 50)
-    assert all(isinstance(r, Hold | BudgetExhausted) for r in results), [r for r in results if not isinstance(r, Hold | BudgetExhausted)][:2]
+    assert all(isinstance(r, Hold | BudgetExhausted) for r in results), [
+        r for r in results if not isinstance(r, Hold | BudgetExhausted)
+    ][:2]
 
 
 async def test_settle_replaces_the_reservation_with_actuals(budgets: BudgetStore) -> None:

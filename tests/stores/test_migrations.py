@@ -25,11 +25,20 @@ from tests.services import pg_database, pg_schema
 from tests.stores.test_sqlite_ledger import FULL_EVENT, event
 
 OLD_ROWS = [FULL_EVENT, event("req-2", state="reserved", gateway_instance="old-gw")]
+# revision 3 added these (issue 13); rows written at revision 1 have none of them
+ADDED_LATER = ("denied_by", "denied_limit", "denied_amount", "upstream_status")
+REV1_COLUMNS = tuple(c for c in LEDGER_COLUMNS if c not in ADDED_LATER)
+
+
+def _rev1_insert() -> str:
+    cols = ", ".join(REV1_COLUMNS)
+    arrays = ", ".join(f"${i}::{pg._TYPES.get(c, 'text')}[]" for i, c in enumerate(REV1_COLUMNS, 1))
+    return f"INSERT INTO ledger_events ({cols}) SELECT * FROM unnest({arrays})"
 
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
-    assert latest("postgresql") == latest("sqlite") == 2
-    assert [v for v, _ in lite.MIGRATIONS] == [1, 2]
+    assert latest("postgresql") == latest("sqlite") == 3
+    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3]
 
 
 def _tables(path: Path) -> set[str]:
@@ -51,8 +60,11 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         assert sqlite_migrate(conn, lite.MIGRATIONS[:1]) == 1
+        marks = ", ".join("?" * len(REV1_COLUMNS))
+        insert = f"INSERT INTO ledger_events ({', '.join(REV1_COLUMNS)}) VALUES ({marks})"
         for row in OLD_ROWS:
-            conn.execute(lite._INSERT, lite._encode_row(row))
+            values = dict(zip(LEDGER_COLUMNS, lite._encode_row(row), strict=True))
+            conn.execute(insert, [values[c] for c in REV1_COLUMNS])
     finally:
         conn.close()
     assert "gateway_instances" not in _tables(path)
@@ -66,7 +78,7 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     assert "gateway_instances" in _tables(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 2}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 3}
 
 
 async def _ncap_migrate(config: Path) -> Result:
@@ -86,7 +98,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
     async with pg_database() as url:
         result = await _ncap_migrate(_config(tmp_path, url))
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 2}
+        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 3}
         conn = await asyncpg.connect(url)
         try:
             tables = {
@@ -102,7 +114,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
         finally:
             await conn.close()
         assert {"ledger_events", "gateway_instances", "schema_version"} <= tables
-        assert versions == [1, 2]
+        assert versions == [1, 2, 3]
 
 
 @pytest.mark.postgresql
@@ -112,8 +124,8 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
         conn = await asyncpg.connect(dsn, server_settings={"search_path": schema or "public"})
         try:
             assert await pg_migrate(conn, schema, target=1) == 1
-            rows = [tuple(pg._encode(c, getattr(e, c)) for c in LEDGER_COLUMNS) for e in OLD_ROWS]
-            await conn.fetch(pg._INSERT, *zip(*rows, strict=True))
+            rows = [tuple(pg._encode(c, getattr(e, c)) for c in REV1_COLUMNS) for e in OLD_ROWS]
+            await conn.fetch(_rev1_insert(), *zip(*rows, strict=True))
             assert await conn.fetchval("SELECT to_regclass('gateway_instances')") is None
         finally:
             await conn.close()
@@ -123,7 +135,7 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
             got = await asyncio.gather(*(s.get("req-1") for s in stores))
             assert got == [[FULL_EVENT]] * 3
             assert await stores[0].get("req-2") == [OLD_ROWS[1]]
-            assert {s.pool.version for s in stores} == {2}
+            assert {s.pool.version for s in stores} == {3}
             assert await stores[0].mark_lost("old-gw") == 1
         finally:
             for s in stores:

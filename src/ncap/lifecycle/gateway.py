@@ -13,8 +13,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import msgspec
+
 from ncap.config import Config
-from ncap.errors import ModelNotFound
+from ncap.errors import ModelNotFound, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
@@ -22,7 +24,8 @@ from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import relay
 from ncap.lifecycle.reports import answered_report
 from ncap.lifecycle.settle import Accounting
-from ncap.protocol.validate import parse_chat_request
+from ncap.protocol.chat import ChatCompletionRequest
+from ncap.protocol.validate import MULTI_CANDIDATE_FIELDS, parse_chat_request
 from ncap.providers.base import UpstreamResult
 from ncap.stores.base import Hold
 
@@ -54,7 +57,7 @@ class Gateway:
         return [alias for alias in self.config.models if workload.allows_model(alias)]
 
     async def chat(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
-        body, request = parse_chat_request(raw, extra_fields=self._extra_fields)
+        body, request = await self._parse(raw, caller, request_id)
         chain = self._chain(request.model, caller)
         plan, holds = await self._admitter.admit(request_id, caller, request, body, chain)
         try:
@@ -65,6 +68,28 @@ class Gateway:
         except BaseException:
             await self.accounting.abandon(holds)
             raise
+
+    async def _parse(
+        self, raw: bytes, caller: Caller, request_id: str
+    ) -> tuple[dict[str, Any], ChatCompletionRequest]:
+        """The validated body; a refused multi-candidate field is also a denial row."""
+        try:
+            return parse_chat_request(raw, extra_fields=self._extra_fields)
+        except UnknownParameter as exc:
+            if exc.param in MULTI_CANDIDATE_FIELDS:
+                body = msgspec.json.decode(raw)  # decoded once already: a JSON object
+                chain = self._allowed_chain(body.get("model"), caller)
+                await self._admitter.refuse_field(request_id, caller, body, exc.param, chain)
+            raise
+
+    def _allowed_chain(self, model: object, caller: Caller) -> list[RouteRuntime]:
+        """The alias's chain when the caller may use it, else none (nothing recorded)."""
+        if not isinstance(model, str):
+            return []
+        try:
+            return self._chain(model, caller)
+        except ModelNotFound:
+            return []
 
     async def _dispatch(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
         if plan.emulated:

@@ -57,6 +57,9 @@ _TYPES: dict[str, str] = {
     "finish_reasons": "jsonb",
     "stream_mode": "bool",
     "latency_ms": "float8",
+    "denied_limit": "int8",
+    "denied_amount": "int8",
+    "upstream_status": "int4",
 }
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
 _SELECT = f"SELECT {_COLUMNS} FROM ledger_events"

@@ -3,8 +3,10 @@
 ``append`` returns once the row's transaction has committed (``_sqlite.SQLiteWriter``),
 so the row is durable and visible to any new connection; reads use their own
 connection and never wait for the writer. The schema is versioned in
-``schema_version``; the column names are exactly SPEC §7's, which the PostgreSQL
-adapter will share. Timestamps are stored as fixed-width UTC ISO text
+``schema_version``; the column names are SPEC §7's, then ncap's own (``denied_by``,
+``denied_limit``, ``denied_amount``, ``upstream_status``: migration 2), which the
+PostgreSQL adapter shares.
+Timestamps are stored as fixed-width UTC ISO text
 (``2026-11-29T10:15:00.000000Z``) so that text order is time order.
 """
 
