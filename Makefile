@@ -29,8 +29,8 @@ test: lint typecheck unit
 MUTATION_JOBS ?= 2
 mutation: setup
 	rm -rf mutants
-	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) || true
-	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py
+	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS)
+	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
 bench: bench-gateway bench-ledger bench-stack bench-engine
 

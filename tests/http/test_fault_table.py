@@ -93,7 +93,7 @@ CASES = [
     # the stream is paced so the abort lands after events reached the client; a body is
     # cut in half and the connection aborted: whether the gateway read the head before
     # the reset is a race, so that attempt may be retried (each held the same way)
-    Case("reset_mid_stream", {"x-fake-fault": "reset_mid_stream=3,slow_chunks=5"},
+    Case("reset_mid_stream", {"x-fake-fault": "reset_mid_stream=3,slow_chunks=100"},
          (502, "upstream_error", [_held("usage_reconciliation_required", "connection_error")]),
          ("mid_stream_error", None, [CUT]), returned=(0, N), racy_head=True),
     Case("error_500", {"x-fake-fault": "error_500"},
