@@ -161,3 +161,16 @@ async def test_encoded_events_parse_back() -> None:
     events = await _parse(encode_event(CHUNK) + encode_event(FINISH) + DONE)
     assert [e.raw for e in events] == [encode_event(CHUNK), encode_event(FINISH), DONE]
     assert [e.done for e in events] == [False, False, True]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=aiohttp.http_exceptions.LineTooLong,
+    reason="bug: OpenAIProvider's _events (providers/openai.py) feeds aiohttp's line "
+    "iterator to iter_events; a single SSE line over 128 KiB raises aiohttp's LineTooLong "
+    "(an HttpProcessingError, which _mapped does not convert to AttemptFailed)",
+)
+async def test_a_long_event_line_is_parsed_from_the_reader() -> None:
+    event = b'data: {"id":"' + b"x" * 300_000 + b'","choices":[]}\n\n'
+    events = await _parse_fragmented(event, 65_536)
+    assert [e.raw for e in events] == [event]
