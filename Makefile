@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit bench bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine clean
 
 setup:
 	@scripts/setup.sh
@@ -23,6 +23,14 @@ unit: setup
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# mutation testing of the accounting core ([tool.mutmut] in pyproject.toml); not part of
+# `make test`. Low parallelism by default: it is CPU-heavy. Results: docs/mutation.md.
+MUTATION_JOBS ?= 2
+mutation: setup
+	rm -rf mutants
+	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS)
+	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
 bench: bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine
 

@@ -108,11 +108,6 @@ async def _settled(ledger_url: str, count: int) -> list[Any] | None:
     return events if sum(e.state == "settled" for e in events) >= count else None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Accounting sets Plan.quota_scope only after admission, so a denied row says "
-    "'instance'; the fix is in the lifecycle (issue 7), see the issue-9 report",
-)
 async def test_denied_rows_carry_the_budget_stores_scope(
     fake: tuple[str, FakeState], tmp_path: Path, stores: tuple[str, str]
 ) -> None:

@@ -97,18 +97,20 @@ class RedisBudgetStore:
         *,
         gateway_instance: str = "local",
         clock: Callable[[], datetime] | None = None,
-        connect_timeout_s: float = 1.0,
-        timeout_s: float = 2.0,
+        connect_timeout_s: float = 5.0,
+        timeout_s: float = 5.0,
         max_connections: int = 64,
+        pool_timeout_s: float = 10.0,
     ) -> None:
         target, self.prefix = redis_target(url)
         self._instance = gateway_instance
         self._clock = clock
-        # a bounded pool that waits for a free connection rather than failing a burst
+        # a bounded pool that waits for a free connection rather than failing a burst:
+        # a dead Redis fails fast (connect/socket timeouts), a busy pool only queues
         pool = aioredis.BlockingConnectionPool.from_url(
             target,
             max_connections=max_connections,
-            timeout=timeout_s,
+            timeout=pool_timeout_s,
             socket_connect_timeout=connect_timeout_s,
             socket_timeout=timeout_s,
         )
