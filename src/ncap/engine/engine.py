@@ -125,6 +125,10 @@ class Engine:
     def stats(self) -> EngineStats:
         return self._scheduler.stats()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt (benchmarks start cold; the next request pays)."""
+        self._scheduler.drop_prefix_cache()
+
     def close(self) -> None:
         self._scheduler.close()
         self.model.close()

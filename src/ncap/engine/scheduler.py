@@ -211,6 +211,7 @@ class Scheduler:
         self._free_ids: deque[int] = deque(range(settings.max_sequences))
         self._reserved = 0
         self._stopping = False
+        self._drop_cache = False
         self._stats = EngineStats()
         self._thread = threading.Thread(target=self._run, name="ncap-engine", daemon=True)
         self._thread.start()
@@ -240,6 +241,12 @@ class Scheduler:
                 self._pending.remove(job)
             self._cond.notify()
 
+    def drop_prefix_cache(self) -> None:
+        """Forget every cached prefix (done by the scheduler thread before its next step)."""
+        with self._cond:
+            self._drop_cache = True
+            self._cond.notify()
+
     def stats(self) -> EngineStats:
         with self._cond:
             self._stats.queue_depth = len(self._pending)
@@ -261,10 +268,13 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._pending or self._running):
+                while not (self._stopping or self._pending or self._running or self._drop_cache):
                     self._cond.wait()
                 if self._stopping:
                     break
+                drop, self._drop_cache = self._drop_cache, False
+                while drop and self._cache.evict_oldest():
+                    pass
                 admitted = self._admit_locked()
             for job in admitted:
                 self._start(job)
