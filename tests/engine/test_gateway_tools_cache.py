@@ -24,7 +24,8 @@ from tests.support import ServerThread, gateway
 from tests.wire import validate_chunk, validate_response
 
 pytest.importorskip("llama_cpp")
-pytestmark = pytest.mark.engine
+# a few seconds each on a quiet machine; the bound is for a shared, loaded one
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -109,7 +110,7 @@ def test_auto_n5_every_choice_is_prose_or_a_valid_call_and_the_stream_agrees(
         "model": "smollm2",
         "messages": ASK,
         "n": 5,
-        "max_tokens": 40,
+        "max_tokens": 32,
         "seed": 3,
         "tools": TOOLS,
         "tool_choice": "auto",
@@ -143,7 +144,7 @@ def test_auto_n5_every_choice_is_prose_or_a_valid_call_and_the_stream_agrees(
 
 def test_required_and_named_tool_choice_give_five_calls(gw: tuple[ServerThread, Path]) -> None:
     client = sdk(gw)
-    base: dict[str, Any] = {"model": "smollm2", "n": 5, "max_tokens": 40, "seed": 5}
+    base: dict[str, Any] = {"model": "smollm2", "n": 5, "max_tokens": 32, "seed": 5}
     required = client.chat.completions.create(
         **base, messages=ASK, tools=TOOLS, tool_choice="required"
     )
@@ -216,9 +217,9 @@ def test_fan_out_branches_after_the_first_reuse_the_prompt_and_are_priced_cached
     prompt = rows[0].input_tokens
     assert prompt is not None and prompt > 150
     cached = sorted(r.cached_input_tokens or 0 for r in rows)
-    # every branch but the first took the whole prompt but its last token from the cache
-    assert cached[1:] == [prompt - 1, prompt - 1]
-    assert cached[0] < prompt - 1
+    # every branch but the first took the whole prompt but its last two tokens from the cache
+    assert cached[1:] == [prompt - 2, prompt - 2]
+    assert cached[0] < prompt - 2
     for row in rows:
         assert row.cost_micros == cost_micros(
             row.input_tokens or 0,

@@ -14,7 +14,7 @@ import pytest
 from ncap.engine import Engine, EngineSettings, GenerationParams
 
 pytest.importorskip("llama_cpp")
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
 SYSTEM = (
     "You are the help desk of a harbour town. Answer questions about ferries, the market, "
@@ -72,7 +72,7 @@ async def test_the_same_request_twice_is_identical_with_the_cache(
     params = ask("Describe the fishing fleet.", seed=23)
     one = await cached.run(params)
     two = await cached.run(params)
-    assert two.cached_tokens == two.prompt_tokens - 1
+    assert two.cached_tokens == two.prompt_tokens - 2
     assert texts(one) == texts(two)
 
 

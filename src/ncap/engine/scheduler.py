@@ -147,6 +147,9 @@ _MIN_WAIT = 32
 # attends over its visible cells in order, so a prompt whose prefix came from the cache
 # computes the same bits as one evaluated whole (docs/decisions.md, issue 12)
 _UBATCH = 48
+# a one-row ubatch takes yet another attention kernel (split over the KV cells, so its
+# sums depend on the cache's size): a reused prompt's tail is at least two tokens
+_MIN_TAIL = 2
 
 
 def _cache_slots(settings: SchedulerSettings) -> int:
@@ -380,12 +383,13 @@ class Scheduler:
         """Start the job's prefill from the longest cached prefix of its prompt; False
         (wait) while another request is still prefilling a longer shared prefix, which
         the cache will hold once it is done (fan-out branches, concurrent same-prompt
-        calls). At least the last prompt token is always evaluated: it gives the logits."""
+        calls). The last ``_MIN_TAIL`` prompt tokens are always evaluated (the last gives the
+        logits; see ``_MIN_TAIL``)."""
         tokens = job.prepared.tokens
         if not self._cache.enabled:
             job.looked_up = True
             return True
-        hit = self._cache.lookup(tokens, len(tokens) - 1)
+        hit = self._cache.lookup(tokens, len(tokens) - _MIN_TAIL)
         have = hit.length if hit is not None else 0
         for other in self._running:
             busy = other is not job and other.looked_up and not other.prefill_done
