@@ -20,6 +20,11 @@ of cells; a request that alone needs more than the whole cache runs alone and it
 choices end with ``length`` if the cache fills. Results go back to the caller through a
 ``Sink`` (a callable the caller makes thread-safe); cancelling a request frees its
 sequences at the start of the next step.
+
+With a prefix cache (``ncap.engine.prefix_cache``), a request's prefill starts after the
+longest prefix of its prompt that a recent prompt left in the cache, and its own prompt
+is kept there once evaluated. In a tool request each choice's text goes through a
+``ToolChoiceText``, which turns a finished call into ``tool_calls``.
 """
 
 from __future__ import annotations
