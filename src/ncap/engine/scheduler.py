@@ -302,12 +302,14 @@ class Scheduler:
     def _admit_locked(self) -> list[Job]:
         """FIFO admission while the head fits in free sequence ids and reserved KV cells."""
         admitted: list[Job] = []
+        ids = len(self._free_ids)  # ids are taken in _start, after this loop
         while self._pending:
             job = self._pending[0]
             alone = not self._running and not admitted
             fits = self._fits(job.prepared.reserve)
-            if len(self._free_ids) < job.prepared.n or not (fits or alone):
+            if ids < job.prepared.n or not (fits or alone):
                 break
+            ids -= job.prepared.n
             self._pending.popleft()
             self._reserved += job.prepared.reserve
             admitted.append(job)
