@@ -110,7 +110,7 @@ def test_auto_n5_every_choice_is_prose_or_a_valid_call_and_the_stream_agrees(
         "model": "smollm2",
         "messages": ASK,
         "n": 5,
-        "max_tokens": 32,
+        "max_tokens": 48,
         "seed": 3,
         "tools": TOOLS,
         "tool_choice": "auto",
@@ -144,7 +144,7 @@ def test_auto_n5_every_choice_is_prose_or_a_valid_call_and_the_stream_agrees(
 
 def test_required_and_named_tool_choice_give_five_calls(gw: tuple[ServerThread, Path]) -> None:
     client = sdk(gw)
-    base: dict[str, Any] = {"model": "smollm2", "n": 5, "max_tokens": 32, "seed": 5}
+    base: dict[str, Any] = {"model": "smollm2", "n": 5, "max_tokens": 48, "seed": 5}
     required = client.chat.completions.create(
         **base, messages=ASK, tools=TOOLS, tool_choice="required"
     )
