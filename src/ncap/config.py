@@ -230,6 +230,8 @@ class Route(_Model):
     max_sequences: int = Field(32, ge=1, le=256)
     max_queue: int = Field(64, ge=1)
     threads: int | None = Field(None, ge=1)
+    # KV cells of recent prompts kept for reuse by later requests (0: no prefix cache)
+    prefix_cache_tokens: int = Field(4096, ge=0)
 
     @model_validator(mode="after")
     def _provider_fields(self) -> Route:
