@@ -1,10 +1,10 @@
 """The SSE parser, table-driven on inline text: events, comments, CRLF, multi-line data,
 partial events at the end of a stream, and bytes that arrive in arbitrary pieces.
 
-Two feeds: the text split into lines (what ``iter_events`` is given), and a real
-``aiohttp.StreamReader`` fed in small fragments, which is what the OpenAI provider
-hands it (``resp.content``), so a split event is tested through aiohttp's own line
-reassembly and not through a helper of ours.
+Two feeds: the text split into lines, and a real ``aiohttp.StreamReader`` fed in small
+fragments and read as the OpenAI provider reads it (``resp.content.iter_any()``: the
+pieces as they arrived), so ``iter_events`` reassembles split lines itself and a line
+longer than aiohttp's line buffer is no ``LineTooLong``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from unittest import mock
 import aiohttp
 import pytest
 
+from ncap.streaming import sse
 from ncap.streaming.sse import DONE, MalformedEvent, StreamEvent, encode_event, iter_events
 
 CHUNK = b'{"id":"c1","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
@@ -43,7 +44,7 @@ async def _parse_fragmented(text: bytes, size: int) -> list[StreamEvent]:
     for start in range(0, len(text), size):
         reader.feed_data(text[start : start + size])
     reader.feed_eof()
-    return [event async for event in iter_events(reader)]
+    return [event async for event in iter_events(reader.iter_any())]
 
 
 @dataclass(frozen=True)
@@ -163,14 +164,39 @@ async def test_encoded_events_parse_back() -> None:
     assert [e.done for e in events] == [False, False, True]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=aiohttp.http_exceptions.LineTooLong,
-    reason="bug: OpenAIProvider's _events (providers/openai.py) feeds aiohttp's line "
-    "iterator to iter_events; a single SSE line over 128 KiB raises aiohttp's LineTooLong "
-    "(an HttpProcessingError, which _mapped does not convert to AttemptFailed)",
-)
 async def test_a_long_event_line_is_parsed_from_the_reader() -> None:
     event = b'data: {"id":"' + b"x" * 300_000 + b'","choices":[]}\n\n'
     events = await _parse_fragmented(event, 65_536)
     assert [e.raw for e in events] == [event]
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 6, 299_000, 300_020])
+async def test_a_long_line_split_anywhere_is_one_event(cut: int) -> None:
+    event = b'data: {"id":"' + b"y" * 300_000 + b'","choices":[]}\n\n' + DONE
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield event[:cut]
+        yield event[cut:]
+
+    events = [e async for e in iter_events(pieces())]
+    assert [e.raw for e in events] == [event[: -len(DONE)], DONE]
+    assert events[0].summary is not None and events[0].summary.id == "y" * 300_000
+
+
+async def test_a_line_over_the_bound_is_malformed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound on one line's buffer: over it the stream is malformed (the provider
+    makes that a protocol failure: the client gets an error event, the row a cut)."""
+    monkeypatch.setattr(sse, "MAX_LINE_BYTES", 100)
+    ok = b"data: " + CHUNK + b"\n\n"
+    seen: list[StreamEvent] = []
+    with pytest.raises(MalformedEvent, match="over 100 bytes"):
+        async for e in iter_events(_lines(ok + b"data: " + b"z" * 101)):
+            seen.append(e)
+    assert [e.raw for e in seen] == [ok]
+
+    async def at_the_bound() -> AsyncIterator[bytes]:
+        yield b": " + b"z" * 98  # 100 bytes buffered before its newline arrives
+        yield b"\n\n"
+
+    events = [e async for e in iter_events(at_the_bound())]
+    assert [e.raw for e in events] == [b": " + b"z" * 98 + b"\n\n"]

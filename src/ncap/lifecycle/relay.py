@@ -55,10 +55,19 @@ def _take(event: StreamEvent, tally: Tally, client_wants_usage: bool) -> bytes |
         tally.done = event.done or event.raw == DONE
         return event.raw
     tally.add(event.summary)
-    usage_only = event.summary.usage is not None and not event.summary.choices
-    if usage_only and not client_wants_usage:
+    if event.summary.usage is None or client_wants_usage:
+        return event.raw
+    if not event.summary.choices:
         return None  # the usage chunk the gateway asked for on its own behalf
-    return event.raw
+    return _without_usage(event.data)
+
+
+def _without_usage(data: bytes) -> bytes:
+    """A choice chunk that also carries usage (some upstreams put it on the last one),
+    re-encoded without it for a client that did not ask: the only chunk re-encoded."""
+    chunk = msgspec.json.decode(data)
+    chunk.pop("usage", None)
+    return encode_event(_encode(chunk))
 
 
 def error_event(error: NcapError) -> bytes:

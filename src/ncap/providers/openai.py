@@ -42,11 +42,12 @@ class OpenAIProvider:
             connect_timeout_s=route.connect_timeout_s,
             max_connections=route.max_connections,
             failure_of=openai_failure,
+            request_id_header="x-request-id",
         )
 
     async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
         payload, headers = await self._transport.post(_encode(body), timeout=timeout)
-        request_id = headers.get("x-request-id")
+        request_id = self._transport.request_id(headers)
         try:
             summary = _summary.decode(payload)
         except msgspec.DecodeError as exc:
@@ -60,7 +61,8 @@ class OpenAIProvider:
         self, body: Mapping[str, Any], *, timeout: float
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         async with self._transport.open(_encode(body), timeout=timeout) as resp:
-            yield resp.headers.get("x-request-id"), _events(resp)
+            request_id = self._transport.request_id(resp.headers)
+            yield request_id, _events(resp, request_id)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
@@ -80,10 +82,15 @@ def _headers(route: Route, route_id: str) -> dict[str, str]:
     return headers
 
 
-async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[StreamEvent]:
-    with mapped(partial=True):
+async def _events(
+    resp: aiohttp.ClientResponse, request_id: str | None
+) -> AsyncIterator[StreamEvent]:
+    """The body's events, read in chunks (``iter_events`` splits the lines, so a long
+    event line is no aiohttp ``LineTooLong``); a failure carries the request id, which
+    a stream whose first event fails would otherwise lose."""
+    with mapped(partial=True, provider_request_id=request_id):
         try:
-            async for event in iter_events(resp.content):
+            async for event in iter_events(resp.content.iter_any()):
                 yield event
         except MalformedEvent as exc:
             raise AttemptFailed("protocol", 200, detail=str(exc), partial=True) from exc

@@ -49,8 +49,10 @@ class HttpTransport:
         connect_timeout_s: float,
         max_connections: int,
         failure_of: FailureOf,
+        request_id_header: str | None = None,
     ) -> None:
         self.url = url
+        self._request_id_header = request_id_header
         self._headers = dict(headers)
         self._connect_timeout = connect_timeout_s
         self._limit = max_connections
@@ -72,7 +74,10 @@ class HttpTransport:
         )
         with mapped():
             async with self._client().post(self.url, data=data, timeout=client_timeout) as resp:
-                payload = await resp.read()
+                # the head's request id is read before the body: a body cut mid-way
+                # keeps it on its failure, so the held attempt can be reconciled
+                with mapped(provider_request_id=self.request_id(resp.headers)):
+                    payload = await resp.read()
                 if resp.status != 200:
                     raise self._failure(resp, payload)
                 return payload, resp.headers
@@ -99,6 +104,10 @@ class HttpTransport:
         finally:
             resp.close()
 
+    def request_id(self, headers: Mapping[str, str]) -> str | None:
+        """The upstream's id of this request, from the header the provider named."""
+        return headers.get(self._request_id_header) if self._request_id_header else None
+
     def _failure(self, resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
         return self._failure_of(resp.status, resp.headers, payload[:_MAX_ERROR_BODY])
 
@@ -108,17 +117,34 @@ class HttpTransport:
 
 
 @contextmanager
-def mapped(*, partial: bool = False) -> Iterator[None]:
-    """aiohttp/asyncio failures → AttemptFailed, where they enter."""
+def mapped(*, partial: bool = False, provider_request_id: str | None = None) -> Iterator[None]:
+    """aiohttp/asyncio failures → AttemptFailed, where they enter; a request id already
+    known (the response head arrived) goes on every failure raised inside."""
     try:
         yield
-    except AttemptFailed:
+    except AttemptFailed as exc:
+        if exc.provider_request_id is None:
+            exc.provider_request_id = provider_request_id
         raise
-    except TimeoutError as exc:
-        raise AttemptFailed("timeout", detail="upstream timed out", partial=partial) from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise AttemptFailed("connection", detail="cannot connect", dispatched=False) from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise AttemptFailed("connection", detail="upstream body cut", partial=True) from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise AttemptFailed("connection", detail=type(exc).__name__, partial=partial) from exc
+    except Exception as exc:
+        failure = _converted(exc, partial)
+        if failure is None:
+            raise
+        failure.provider_request_id = provider_request_id
+        raise failure from exc
+
+
+def _converted(exc: Exception, partial: bool) -> AttemptFailed | None:
+    """The transport's exception as the attempt's failure; None for anything else."""
+    if isinstance(exc, TimeoutError):
+        return AttemptFailed("timeout", detail="upstream timed out", partial=partial)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return AttemptFailed("connection", detail="cannot connect", dispatched=False)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return AttemptFailed("connection", detail="upstream body cut", partial=True)
+    if isinstance(exc, (aiohttp.ClientError, OSError)):
+        return AttemptFailed("connection", detail=type(exc).__name__, partial=partial)
+    if isinstance(exc, aiohttp.http_exceptions.HttpProcessingError):
+        # a response the HTTP parser rejects mid-body (a line or chunk it cannot read)
+        return AttemptFailed("protocol", 200, detail=type(exc).__name__, partial=partial)
+    return None

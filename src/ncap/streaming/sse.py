@@ -13,9 +13,12 @@ import msgspec
 
 from ncap.protocol.responses import ResponseSummary
 
-__all__ = ["DONE", "MalformedEvent", "StreamEvent", "encode_event", "iter_events"]
+__all__ = ["DONE", "MAX_LINE_BYTES", "MalformedEvent", "StreamEvent", "encode_event", "iter_events"]
 
 DONE = b"data: [DONE]\n\n"
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""An event line longer than this is malformed (a bound on what one upstream event may
+make the gateway buffer; real chunks are a few hundred bytes)."""
 _summary_decoder = msgspec.json.Decoder(ResponseSummary)
 
 
@@ -38,11 +41,12 @@ def encode_event(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-async def iter_events(lines: AsyncIterable[bytes]) -> AsyncIterator[StreamEvent]:
-    """Group lines into events (a blank line ends one) and decode each event's data."""
+async def iter_events(chunks: AsyncIterable[bytes]) -> AsyncIterator[StreamEvent]:
+    """Group lines into events (a blank line ends one) and decode each event's data.
+    ``chunks`` are the body's bytes in any pieces (lines, or whatever the socket gave)."""
     raw: list[bytes] = []
     data: list[bytes] = []
-    async for line in lines:
+    async for line in _split_lines(chunks):
         stripped = line.rstrip(b"\r\n")
         if stripped:
             raw.append(line)
@@ -54,6 +58,23 @@ async def iter_events(lines: AsyncIterable[bytes]) -> AsyncIterator[StreamEvent]
             raw, data = [], []
     if raw:
         yield _event(raw, data)
+
+
+async def _split_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """Lines, each with its ``\n``, however the bytes were cut; the last may lack it."""
+    buf = bytearray()
+    async for chunk in chunks:
+        scanned = len(buf)  # the kept tail holds no newline: search only the new bytes
+        buf += chunk
+        start = 0
+        while (end := buf.find(b"\n", scanned)) >= 0:
+            yield bytes(buf[start : end + 1])
+            start = scanned = end + 1
+        del buf[:start]
+        if len(buf) > MAX_LINE_BYTES:
+            raise MalformedEvent(f"an event line over {MAX_LINE_BYTES} bytes")
+    if buf:
+        yield bytes(buf)
 
 
 def _event(raw: list[bytes], data: list[bytes]) -> StreamEvent:
