@@ -68,13 +68,18 @@ async def _split_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         buf += chunk
         start = 0
         while (end := buf.find(b"\n", scanned)) >= 0:
+            _bounded(end - start)
             yield bytes(buf[start : end + 1])
             start = scanned = end + 1
         del buf[:start]
-        if len(buf) > MAX_LINE_BYTES:
-            raise MalformedEvent(f"an event line over {MAX_LINE_BYTES} bytes")
+        _bounded(len(buf))  # a line still arriving is bounded too
     if buf:
         yield bytes(buf)
+
+
+def _bounded(line_bytes: int) -> None:
+    if line_bytes > MAX_LINE_BYTES:
+        raise MalformedEvent(f"an event line over {MAX_LINE_BYTES} bytes")
 
 
 def _event(raw: list[bytes], data: list[bytes]) -> StreamEvent:
