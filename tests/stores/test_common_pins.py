@@ -1,0 +1,61 @@
+"""Pins found by mutation testing (docs/mutation.md) on the helpers every ledger
+backend without SQL shares (``stores/_common.py``): spend totals by minute, lost
+reservations, and which row a provider id reconciles. Pure and socket-free."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from ncap.domain.events import LedgerEvent
+from ncap.stores._common import _target, is_lost, spent_totals
+from ncap.stores.base import SpentTotal
+
+SINCE = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+BASE = LedgerEvent(
+    timestamp=SINCE + timedelta(seconds=5), request_id="r", attempt=1, workload_id="w",
+    environment="p", state="settled", usage_source="provider_response", total_tokens=10,
+    cost_micros=100,
+)  # fmt: skip
+
+
+def _row(**changes: object) -> LedgerEvent:
+    return replace(BASE, **changes)  # type: ignore[arg-type]
+
+
+def test_spent_totals_sum_each_minute_of_settled_and_reconciled_rows() -> None:
+    rows = [
+        _row(),
+        _row(attempt=2, state="reconciled", total_tokens=7, cost_micros=None),
+        _row(attempt=3, timestamp=SINCE),  # exactly at ``since``: counted
+        _row(attempt=4, state="pending"),  # held, not spent
+        _row(attempt=5, usage_source="none"),  # settled without usage: nothing spent
+        _row(attempt=6, policy_result="deny"),
+        _row(attempt=7, timestamp=SINCE - timedelta(seconds=1)),  # before the window
+        _row(attempt=8, timestamp=SINCE - timedelta(days=40), exception_id="x1"),
+    ]
+    assert sorted(spent_totals(rows, SINCE), key=lambda t: t.minute) == [
+        SpentTotal("w", "x1", "2026-10-22T10:00", 10, 100, 1),  # an exception's whole life
+        SpentTotal("w", None, "2026-12-01T10:00", 27, 200, 3),  # 10 + 7 + 10; 100 + 0 + 100
+    ]
+
+
+def test_is_lost_only_for_reserved_rows_strictly_before() -> None:
+    reserved = _row(state="reserved", gateway_instance="g1")
+    assert is_lost(reserved, None, None)
+    assert is_lost(reserved, "g1", reserved.timestamp + timedelta(microseconds=1))
+    assert not is_lost(reserved, "g1", reserved.timestamp)  # not older than ``before``
+    assert not is_lost(reserved, "g2", None)
+    assert not is_lost(_row(state="pending"), None, None)
+
+
+def test_the_row_a_provider_id_reconciles() -> None:
+    pending = _row(state="pending")
+    reconciled = _row(attempt=2, state="reconciled")
+    settled = _row(attempt=3)
+    assert _target([settled, pending]) is pending
+    assert _target([settled, reconciled]) is reconciled
+    assert _target([pending, replace(pending, attempt=4)]) is None  # ambiguous
+    assert _target([reconciled, replace(reconciled, attempt=4)]) is None
+    assert _target([settled]) is settled
+    assert _target([]) is None
