@@ -4,12 +4,17 @@ reservations, and which row a provider id reconciles. Pure and socket-free."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
 
 from ncap.domain.events import LedgerEvent
 from ncap.stores._common import _target, is_lost, spent_totals
 from ncap.stores.base import SpentTotal
+from ncap.stores.memory_budget import MemoryBudgetStore
 
 SINCE = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 BASE = LedgerEvent(
@@ -59,3 +64,46 @@ def test_the_row_a_provider_id_reconciles() -> None:
     assert _target([reconciled, replace(reconciled, attempt=4)]) is None
     assert _target([settled]) is settled
     assert _target([]) is None
+
+
+class _History:
+    """A ledger history that records what it was asked and yields given rows."""
+
+    def __init__(self, held: list[LedgerEvent]) -> None:
+        self.held = held
+        self.since: list[datetime] = []
+
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        for event in self.held:
+            yield event
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        self.since.append(since)
+        for total in ():
+            yield total
+
+
+@pytest.fixture
+def tokyo_local_time() -> Iterator[None]:
+    """The process's local zone is not UTC (the month start must not depend on it)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    mp.undo()
+    time.tzset()
+
+
+async def test_recovery_reads_spend_from_the_utc_month_start_and_counts_new_holds(
+    tokyo_local_time: None,
+) -> None:
+    """The clock is in another zone, and so is the process: the month starts at
+    00:00:00.000000 UTC on the 1st (in Tokyo it is already December)."""
+    clock = datetime(2026, 11, 30, 15, 30, 12, 5, tzinfo=timezone(timedelta(hours=-5)))
+    held = _row(state="pending", reserved_input_tokens=4, reserved_output_tokens=6)
+    history = _History([held, held])  # the same row twice: held again once
+    store = MemoryBudgetStore(clock=lambda: clock, history=history)
+    assert await store.recover_lost() == 1
+    assert history.since == [datetime(2026, 11, 1, tzinfo=UTC)]
+    assert await store.recover_lost() == 0  # once, at start-up
+    assert history.since == [datetime(2026, 11, 1, tzinfo=UTC)]
