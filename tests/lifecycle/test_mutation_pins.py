@@ -4,17 +4,31 @@ of mutants the wider lifecycle tests let through."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from ncap.config import Route
 from ncap.domain.reservation import Reservation
-from ncap.errors import InvalidRequest, Overloaded, RateLimited, SlowDown, UpstreamError
-from ncap.lifecycle.failures import client_error
-from ncap.lifecycle.reports import summed_usage
+from ncap.errors import (
+    InvalidRequest,
+    Overloaded,
+    RateLimited,
+    SlowDown,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from ncap.lifecycle import attempts
+from ncap.lifecycle.failures import as_failure, client_error, ledger_outcome
+from ncap.lifecycle.reports import Tally, summed_usage
 from ncap.lifecycle.settle import _whole_need
-from ncap.protocol.responses import SummaryUsage, SummaryUsageDetails
+from ncap.protocol.responses import ResponseSummary, SummaryUsage, SummaryUsageDetails
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
+from ncap.testing.scripted import Answer, Fail, ScriptedProvider, chat_body
+from tests.lifecycle.harness import CALLER, harness, route
 
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
 
@@ -84,3 +98,110 @@ def test_a_denied_emulated_request_names_what_the_whole_fan_out_needed(
     window: str, need: int
 ) -> None:
     assert _whole_need(window, WHOLE, 3) == need
+
+
+ROW_FIELDS = (
+    "request_id", "attempt", "workload_id", "environment", "route_id", "model_alias",
+    "upstream_model", "requested_candidate_count", "effective_candidate_count",
+    "exception_id", "reserved_input_tokens", "reserved_output_tokens",
+    "reserved_cost_micros", "stream_mode", "quota_scope", "policy_result",
+    "policy_reason", "gateway_instance", "provider_request_id", "input_tokens",
+    "output_tokens_total", "total_tokens", "state",
+)  # fmt: skip
+
+
+async def test_every_identity_field_of_an_answered_row(tmp_path: Path) -> None:
+    """Each column ``Accounting.row`` writes, from where it comes (a field dropped or
+    taken from elsewhere fails), and the metrics the attempt feeds."""
+    provider = ScriptedProvider([Answer(chat_body("a", "b", usage=(10, 8)))])
+    h = harness(tmp_path, {"a": (route(upstream_model="up-model"), provider)})
+    before = datetime.now(UTC)
+    reply = await h.chat(n=2, temperature=1.0)
+    assert reply.after is not None
+    await reply.after
+    (row,) = await h.rows()
+    got = {name: getattr(row, name) for name in ROW_FIELDS}
+    assert got == {
+        "request_id": "req-1", "attempt": 1, "workload_id": CALLER.workload_id,
+        "environment": CALLER.environment, "route_id": "a", "model_alias": "m",
+        "upstream_model": "up-model", "requested_candidate_count": 2,
+        "effective_candidate_count": 2, "exception_id": None,
+        "reserved_input_tokens": row.reserved_input_tokens,
+        "reserved_output_tokens": 2 * 256, "reserved_cost_micros": row.reserved_cost_micros,
+        "stream_mode": False, "quota_scope": "instance", "policy_result": "allow",
+        "policy_reason": "within_default", "gateway_instance": "test",
+        "provider_request_id": "up-1", "input_tokens": 10, "output_tokens_total": 8,
+        "total_tokens": 18, "state": "settled",
+    }  # fmt: skip
+    assert row.reserved_input_tokens > 0 and row.reserved_cost_micros > 0
+    assert before <= row.timestamp <= datetime.now(UTC)
+    sample = h.metrics.registry.get_sample_value
+    assert sample("ncap_tokens_total", {"route": "a", "direction": "in"}) == 10
+    assert sample("ncap_tokens_total", {"route": "a", "direction": "out"}) == 8
+    assert sample("ncap_upstream_attempts_total", {"route": "a", "outcome": "completed"}) == 1
+    latency = sample("ncap_upstream_latency_seconds_sum", {"route": "a"})
+    assert latency is not None and 0 <= latency < 60  # now minus start, not plus
+    assert sample("ncap_pending_reconciliation") == 0
+
+
+async def test_the_upstream_model_defaults_to_the_alias(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("a"))]))})
+    reply = await h.chat()
+    assert reply.after is not None
+    await reply.after
+    (row,) = await h.rows()
+    assert row.upstream_model == "m"
+
+
+async def test_a_held_attempt_counts_as_pending_reconciliation(tmp_path: Path) -> None:
+    timeout = Fail(AttemptFailed("timeout"))
+    h = harness(tmp_path, {"a": (route(retries=0), ScriptedProvider([timeout]))})
+    with pytest.raises(UpstreamTimeout):
+        await h.chat()
+    (row,) = await h.rows()
+    assert row.state == "usage_reconciliation_required"
+    assert h.metrics.registry.get_sample_value("ncap_pending_reconciliation") == 1
+
+
+def test_the_backoff_doubles_with_jitter_and_retry_after_wins_up_to_a_minute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[float, float]] = []
+
+    def uniform(lo: float, hi: float) -> float:
+        calls.append((lo, hi))
+        return 0.8
+
+    monkeypatch.setattr(attempts.random, "uniform", uniform)
+    rt = Route.model_validate(route(backoff_s=0.5))
+    plain = AttemptFailed("status", 500)
+    assert [attempts._delay(rt, i, plain) for i in (1, 2, 3, 4)] == [0.4, 0.8, 1.6, 3.2]
+    assert calls == [(0.75, 1.25)] * 4
+    assert attempts._delay(rt, 2, AttemptFailed("status", 429, retry_after=60.0)) == 60.0
+    assert attempts._delay(rt, 2, AttemptFailed("status", 429, retry_after=60.5)) == 0.8
+
+
+def test_a_providers_own_refusal_as_the_attempts_failure() -> None:
+    failure = as_failure(Overloaded("busy"))
+    assert (failure.kind, failure.status, failure.dispatched) == ("status", 503, False)
+    assert failure.detail == "server_is_overloaded"
+    assert ledger_outcome(AttemptFailed("status", 500, error=UpstreamErrorDetail("x"))) == (
+        "upstream_error"  # without the route's say-so an error answer stays an unknown
+    )
+
+
+def _summary(text: bytes) -> ResponseSummary:
+    return msgspec.json.decode(text, type=ResponseSummary)
+
+
+def test_a_tally_keeps_the_first_id_and_each_choices_last_finish() -> None:
+    tally = Tally()
+    tally.add(_summary(b'{"id":"first","choices":[{"index":2,"finish_reason":null},'
+                       b'{"finish_reason":null}]}'))  # fmt: skip
+    tally.add(_summary(b'{"id":"second","choices":[{"index":2,"finish_reason":"stop"}]}'))
+    tally.add(_summary(b'{"id":"third","choices":[{"index":2,"finish_reason":null}]}'))
+    assert tally.provider_request_id == "first"
+    assert tally.finish == {2: "stop", 0: None}  # no index counts as 0; a later null keeps stop
+    kept = Tally(provider_request_id="from-headers")
+    kept.add(_summary(b'{"id":"body","choices":[]}'))
+    assert kept.provider_request_id == "from-headers"

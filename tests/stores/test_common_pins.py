@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from ncap.domain.events import LedgerEvent
-from ncap.stores._common import _target, is_lost, spent_totals
+from ncap.domain.events import LedgerEvent, ReconciliationRow
+from ncap.stores._common import _target, apply_import, is_lost, spent_totals
 from ncap.stores.base import SpentTotal
 from ncap.stores.memory_budget import MemoryBudgetStore
 
@@ -107,3 +107,17 @@ async def test_recovery_reads_spend_from_the_utc_month_start_and_counts_new_hold
     assert history.since == [datetime(2026, 11, 1, tzinfo=UTC)]
     assert await store.recover_lost() == 0  # once, at start-up
     assert history.since == [datetime(2026, 11, 1, tzinfo=UTC)]
+
+
+def test_an_unmatched_row_does_not_stop_the_import() -> None:
+    pending = _row(state="pending", provider_request_id="p-2", route_id="r")
+    written: list[LedgerEvent] = []
+    rows = [
+        ReconciliationRow("p-1", 3, 4, cost_micros=9),  # no ledger row
+        ReconciliationRow("p-2", 3, 4, cost_micros=9),
+        ReconciliationRow("p-3", 1, 1, cost_micros=1),  # no ledger row either
+    ]
+    result = apply_import(rows, lambda pid: [pending] if pid == "p-2" else [], written.append, None)
+    assert result.unmatched == ["p-1", "p-3"]
+    assert [(e.provider_request_id, e.state) for e in result.reconciled] == [("p-2", "reconciled")]
+    assert written == result.reconciled
