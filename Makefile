@@ -27,9 +27,11 @@ test: lint typecheck unit
 # mutation testing of the accounting core ([tool.mutmut] in pyproject.toml); not part of
 # `make test`. Low parallelism by default: it is CPU-heavy. Results: docs/mutation.md.
 MUTATION_JOBS ?= 2
+# a subset, e.g. MUTANTS='ncap.lifecycle.settle.* ncap.stores._common.*' (all by default)
+MUTANTS ?=
 mutation: setup
 	rm -rf mutants
-	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS)
+	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
 bench: bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine

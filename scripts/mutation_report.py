@@ -5,7 +5,8 @@ run per mutant) and, for every surviving mutant, its diff (``mutmut show``). Wha
 survivor means (a missing test, or an equivalent mutant) is written by hand above the
 markers; this script only refreshes the numbers and the list.
 
-    python scripts/mutation_report.py [--check]   # --check: exit 1 below the target
+    python scripts/mutation_report.py [--check] [--diffs]
+    # --check: exit 1 when a part is below its target; --diffs: each survivor's diff
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "mutation.md"
 BEGIN, END = "<!-- mutmut:begin -->", "<!-- mutmut:end -->"
-TARGET = 0.90
+# the score each part must reach (issue 14): the pure rules, and the accounting code
+TARGETS = {"src/ncap/domain/": 0.90, "src/ncap/lifecycle/": 0.80, "src/ncap/stores/": 0.80}
 # mutmut's exit-code meaning (mutmut/stats.py)
 KILLED = {1, 3, -11, -9, 37}
 TIMEOUT = {36, -24, 24, 152, 255}
@@ -57,55 +59,87 @@ def _diff(name: str) -> str:
     return "\n".join(lines)
 
 
-def render(by_file: dict[str, dict[str, int | None]]) -> tuple[str, float]:
-    rows, survivors, total = [], [], Counter[str]()
+def _score(counts: Counter[str]) -> tuple[float, int]:
+    done = counts["killed"] + counts["timeout"] + counts["survived"]
+    return ((counts["killed"] + counts["timeout"]) / done if done else 1.0), done
+
+
+def _group(names: list[str]) -> list[str]:
+    """Survivors one line per function: ``module.function``: mutant numbers."""
+    by_function: dict[str, list[str]] = {}
+    for name in names:
+        function, _, number = name.rpartition("__mutmut_")
+        by_function.setdefault(function, []).append(number)
+    return [f"- `{f}`: {', '.join(n)}" for f, n in by_function.items()]
+
+
+def render(
+    by_file: dict[str, dict[str, int | None]], *, diffs: bool = False
+) -> tuple[str, dict[str, float]]:
+    rows, survivors = [], []
+    parts = {part: Counter[str]() for part in TARGETS}
     for source, codes in by_file.items():
         counts = Counter(_status(c) for c in codes.values())
-        total.update(counts)
-        done = counts["killed"] + counts["timeout"] + counts["survived"]
-        score = (counts["killed"] + counts["timeout"]) / done if done else 1.0
+        for part, total in parts.items():
+            if source.startswith(part):
+                total.update(counts)
+        score, done = _score(counts)
         rows.append(
             f"| `{source}` | {len(codes)} | {counts['killed'] + counts['timeout']} "
-            f"| {counts['survived']} | {score:.1%} |"
+            f"| {counts['survived']} | {counts['not checked'] + counts['other']} "
+            f"| {f'{score:.1%}' if done else 'not run'} |"
         )
         survivors += [name for name, code in codes.items() if _status(code) == "survived"]
-    done = total["killed"] + total["timeout"] + total["survived"]
-    score = (total["killed"] + total["timeout"]) / done if done else 1.0
+    scores: dict[str, float] = {}
+    summary = []
+    for part, total in parts.items():
+        scores[part], done = _score(total)
+        summary.append(
+            f"- `{part}`: **{scores[part]:.1%}** (target {TARGETS[part]:.0%}): "
+            f"{total['killed'] + total['timeout']} killed of {done} checked, "
+            f"{total['survived']} survived, {total['not checked']} not checked, "
+            f"{total['other']} without a covering test"
+        )
     out = [
         BEGIN,
         "",
-        f"**Score: {score:.1%}** ({total['killed'] + total['timeout']} killed of {done} "
-        f"checked; {total['survived']} survived; {total['not checked']} not checked).",
+        *summary,
         "",
-        "| file | mutants | killed | survived | score |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| file | mutants | killed | survived | not run | score |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
-        "Surviving mutants (diffs from `mutmut show`):",
+        "Surviving mutants, by function (`mutmut show <module.function>__mutmut_<n>`):",
         "",
     ]
-    for name in survivors:
+    if not diffs:
+        out += _group(survivors)
+    for name in survivors if diffs else []:
         out += [f"- `{name}`", "", "  ```diff", *[f"  {ln}" for ln in _diff(name).splitlines()],
                 "  ```"]  # fmt: skip
     out += ["", END]
-    return "\n".join(out), score
+    return "\n".join(out), scores
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help=f"fail below {TARGET:.0%}")
+    parser.add_argument("--check", action="store_true", help="fail below a part's target")
+    parser.add_argument("--diffs", action="store_true", help="each survivor's diff")
     args = parser.parse_args()
     by_file = _results()
     if not by_file:
         print("no mutmut results under mutants/: run `make mutation` first", file=sys.stderr)
         return 1
-    block, score = render(by_file)
+    block, scores = render(by_file, diffs=args.diffs)
     text = DOC.read_text() if DOC.exists() else f"# Mutation testing\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     DOC.write_text(head + block + tail)
-    print(f"mutation score {score:.1%}; written to {DOC.relative_to(ROOT)}")
-    return 1 if args.check and score < TARGET else 0
+    for part, score in scores.items():
+        print(f"mutation score {part}: {score:.1%} (target {TARGETS[part]:.0%})")
+    print(f"written to {DOC.relative_to(ROOT)}")
+    low = [part for part, score in scores.items() if score < TARGETS[part]]
+    return 1 if args.check and low else 0
 
 
 if __name__ == "__main__":

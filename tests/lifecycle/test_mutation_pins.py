@@ -30,6 +30,7 @@ from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, chat_body
 from tests.lifecycle.harness import CALLER, harness, route
 
+OVERLOADED_503 = Fail(AttemptFailed("status", 503))
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
 
 EXACT: list[tuple[AttemptFailed, type, str, float | None]] = [
@@ -205,3 +206,30 @@ def test_a_tally_keeps_the_first_id_and_each_choices_last_finish() -> None:
     kept = Tally(provider_request_id="from-headers")
     kept.add(_summary(b'{"id":"body","choices":[]}'))
     assert kept.provider_request_id == "from-headers"
+
+
+async def test_a_settled_attempt_moves_its_actuals_into_the_budget(tmp_path: Path) -> None:
+    """The budget counters hold what the row says was spent (not the reservation, not 0
+    or 1), and the row's latency is the attempt's own, in milliseconds."""
+    provider = ScriptedProvider([Answer(chat_body("a", usage=(10, 5)))])
+    h = harness(tmp_path, {"a": (route(), provider)})
+    reply = await h.chat()
+    assert reply.after is not None
+    await reply.after
+    (row,) = await h.rows()
+    usage = await h.budgets.usage(CALLER.workload_id)
+    assert row.cost_micros == 20  # 10 in at 1 USD/M + 5 out at 2 USD/M
+    assert (usage.tokens_day, usage.cost_day, usage.cost_month) == (15, 20, 20)
+    assert (usage.tokens_minute, usage.requests_minute, usage.in_flight) == (15, 1, 0)
+    assert row.latency_ms is not None and 0 <= row.latency_ms < 10_000
+    assert row.latency_ms == round(row.latency_ms, 3)
+
+
+async def test_a_refused_attempt_returned_nothing(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(retries=0), ScriptedProvider([OVERLOADED_503]))})
+    with pytest.raises(Overloaded):
+        await h.chat(n=2, temperature=1.0)
+    (row,) = await h.rows()
+    assert (row.state, row.returned_candidate_count, row.cost_micros) == ("settled", 0, 0)
+    usage = await h.budgets.usage(CALLER.workload_id)
+    assert (usage.tokens_day, usage.cost_day, usage.in_flight) == (0, 0, 0)
