@@ -27,8 +27,8 @@ from ncap.lifecycle.reports import Tally, summed_usage
 from ncap.lifecycle.settle import _whole_need
 from ncap.protocol.responses import ResponseSummary, SummaryUsage, SummaryUsageDetails
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
-from ncap.testing.scripted import Answer, Fail, ScriptedProvider, chat_body
-from tests.lifecycle.harness import CALLER, harness, route
+from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
+from tests.lifecycle.harness import CALLER, drain, events, harness, route
 
 OVERLOADED_503 = Fail(AttemptFailed("status", 503))
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
@@ -233,3 +233,43 @@ async def test_a_refused_attempt_returned_nothing(tmp_path: Path) -> None:
     assert (row.state, row.returned_candidate_count, row.cost_micros) == ("settled", 0, 0)
     usage = await h.budgets.usage(CALLER.workload_id)
     assert (usage.tokens_day, usage.cost_day, usage.in_flight) == (0, 0, 0)
+
+
+async def test_usage_on_the_last_choice_chunk_is_only_for_a_client_that_asked(
+    tmp_path: Path,
+) -> None:
+    """Issue 14's pinned bug, socket-free: only that chunk is re-encoded without usage;
+    the row still settles from it, with the provider id from the stream's head."""
+    last = {**chunk(0, "lo", finish="stop"), "usage": chunk(None, usage=(3, 2))["usage"]}
+    text = sse(chunk(0, "hel"), last)
+    for asked in (False, True):
+        provider = ScriptedProvider([Stream(text, provider_request_id="head-id")])
+        h = harness(tmp_path, {"a": (route(), provider)})
+        extra = {"stream_options": {"include_usage": True}} if asked else {}
+        out = await drain((await h.chat(stream=True, **extra)).stream)
+        assert out[0] == sse(chunk(0, "hel"), done=False)  # relayed as it came
+        expected = last if asked else {k: v for k, v in last.items() if k != "usage"}
+        assert events(out)[1:] == [expected, "[DONE]"]
+        (row,) = await h.rows()
+        assert (row.state, row.total_tokens, row.provider_request_id) == (
+            "settled", 5, "head-id",
+        )  # fmt: skip
+
+
+async def test_a_stream_without_its_end_is_truncated_word_for_word(tmp_path: Path) -> None:
+    provider = ScriptedProvider([Stream(sse(chunk(0, "hi", finish="stop"), done=False))])
+    h = harness(tmp_path, {"a": (route(), provider)})
+    out = events(await drain((await h.chat(stream=True)).stream))
+    assert out[-1]["error"]["message"] == "The upstream stream ended early."
+    (row,) = await h.rows()
+    assert (row.state, row.reconciliation_reason) == ("pending", "stream_cut")
+
+
+async def test_nothing_after_done_is_relayed(tmp_path: Path) -> None:
+    usage = chunk(None, usage=(3, 1))
+    text = sse(chunk(0, "hi", finish="stop"), usage) + sse(chunk(0, "late"), done=False)
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Stream(text)]))})
+    out = await drain((await h.chat(stream=True)).stream)
+    assert b"".join(out) == sse(chunk(0, "hi", finish="stop"))
+    (row,) = await h.rows()
+    assert row.state == "settled"
