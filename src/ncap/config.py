@@ -220,8 +220,10 @@ class Route(_Model):
 
     @model_validator(mode="after")
     def _provider_fields(self) -> Route:
-        if self.provider == "gemini":
-            raise ValueError("provider gemini is not available in this build yet")
+        # gemini: base_url defaults to Google's Gemini API (providers/gemini.py); the
+        # upstream model is part of every URL, so it is required
+        if self.provider == "gemini" and not self.upstream_model:
+            raise ValueError("upstream_model is required for provider gemini")
         if self.provider == "openai" and not self.base_url:
             raise ValueError(f"base_url is required for provider {self.provider}")
         return self

@@ -62,8 +62,11 @@ class Attempts:
                     return attempt, await call(attempt)
                 except AttemptFailed as exc:
                     last = exc
-                    if not exc.retryable:
-                        raise client_error(exc) from None
+                    if exc.retryable:
+                        continue
+                    if exc.client_fault is False:
+                        break  # the route's limit, not the request's: a fallback may serve
+                    raise client_error(exc) from None
         assert last is not None
         raise client_error(last) from None
 

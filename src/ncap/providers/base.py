@@ -14,7 +14,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ncap.protocol.responses import ResponseSummary
+from ncap.errors import NcapError
+from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamEvent
 
 __all__ = ["AttemptFailed", "Provider", "StreamEvent", "UpstreamErrorDetail", "UpstreamResult"]
@@ -59,11 +60,23 @@ class AttemptFailed(Exception):
     partial: bool = field(default=False)
     # False when the request provably never left (connection refused): nothing was billed
     dispatched: bool = field(default=True)
+    # set by a provider that normalizes its upstream's errors itself (Gemini): the error
+    # the client gets, whether the same route may be retried (overriding the status rule)
+    # and whether it is the request's own fault (False: a fallback route may serve)
+    client: NcapError | None = None
+    retry: bool | None = None
+    client_fault: bool | None = None
+    # what the upstream reported despite failing (a blocked prompt's usage), and the most
+    # candidates a refusal of n > 1 stated
+    usage: Usage | None = None
+    max_candidates: int | None = None
 
     @property
     def retryable(self) -> bool:
         if self.partial:
             return False
+        if self.retry is not None:
+            return self.retry
         if self.kind in ("timeout", "connection"):
             return True
         return self.status is not None and (self.status in (408, 409, 429) or self.status >= 500)
