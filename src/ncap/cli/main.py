@@ -123,6 +123,35 @@ def _warn(cfg: Config, path: Path | None) -> None:
         err.print(f"[yellow]warning[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
+@app.command()
+def probe(
+    route: Annotated[str, typer.Argument(help="Route id, as configured under routes:")],
+    config: ConfigOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the findings; write nothing")
+    ] = False,
+) -> None:
+    """Send a minimal n=2 request (and a streamed one) through a configured route and
+    record what came back as its contract (routes.ROUTE.contract in the config file).
+
+    Without a config file (the embedded default) the findings are only printed. An
+    inconclusive answer (429, 5xx, a refused credential) writes nothing (exit 1)."""
+    from ncap.cli.probe import print_findings, probe_route, record_findings
+    from ncap.domain.probe import ProbeInconclusive
+
+    path = config or (Path("ncap.yaml") if Path("ncap.yaml").exists() else None)
+    cfg = load_or_exit(path)
+    try:
+        findings = asyncio.run(probe_route(cfg, route))
+    except ProbeInconclusive as exc:
+        err.print(f"[red]inconclusive[/red] {exc}; nothing was written", highlight=False)
+        raise typer.Exit(1) from None
+    print_findings(Console(), route, findings)
+    if path is not None and not dry_run:
+        record_findings(path, route, findings)
+        err.print(f"recorded routes.{route}.contract in {path}", highlight=False)
+
+
 def _profiles_help() -> str:
     from ncap.testing._fake_faults import PROFILES
 
