@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -62,7 +63,10 @@ def _config(base_url: str, tmp: Path, **contract: Any) -> Config:
     )
 
 
-def _rows(tmp: Path) -> list[LedgerEvent]:
+def _rows(tmp: Path, count: int) -> list[LedgerEvent]:
+    """The ledger once ``count`` allowed rows are written and settled (an answer settles
+    beside its last byte, so the test waits for it, within a bound)."""
+
     async def read() -> list[LedgerEvent]:
         store = SQLiteLedgerStore(tmp / "ledger.db")
         try:
@@ -70,7 +74,13 @@ def _rows(tmp: Path) -> list[LedgerEvent]:
         finally:
             await store.close()
 
-    return asyncio.run(read())
+    deadline = time.monotonic() + 10
+    while True:
+        found = [r for r in asyncio.run(read()) if r.policy_result == "allow"]
+        if len(found) >= count and all(r.state != "reserved" for r in found):
+            return found
+        assert time.monotonic() < deadline, found
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -135,7 +145,7 @@ def test_sdk_n3_through_gemini(
         assert buffer.finish_reason == choice.finish_reason
     assert streamed.usage.total_tokens == usage.total_tokens
 
-    rows = [r for r in _rows(tmp_path) if r.policy_result == "allow"]
+    rows = _rows(tmp_path, 2)
     assert len(rows) == 2
     for row in rows:
         assert (row.requested_candidate_count, row.effective_candidate_count) == (3, 3)

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from ncap.admission import Admission
 from ncap.auth import hash_key
-from ncap.config import Config
+from ncap.config import Config, Route
 from ncap.errors import (
     BodyTooLarge,
     InvalidApiKey,
@@ -35,8 +35,7 @@ from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers import provider_for
-from ncap.providers.base import Provider
-from ncap.providers.openai import OpenAIProvider
+from ncap.providers.base import Provider, RequestKind
 from ncap.stores import budgets_from_url, ledger_from_url
 
 __all__ = ["create_app"]
@@ -191,6 +190,15 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """The legacy ``/v1/completions`` (``n`` and ``best_of``), through the same lifecycle."""
+    return await _completion(request, "completions")
+
+
+async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResponse:
     app = request.app
     request_id = app[REQUEST_IDS].next()
     request[REQUEST_ID] = request_id
@@ -199,7 +207,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     admission.enter()
     try:
         raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
-        reply = await app[GATEWAY].chat(raw, caller, request_id)
+        gateway = app[GATEWAY]
+        serve = gateway.chat if kind == "chat" else gateway.completions
+        reply = await serve(raw, caller, request_id)
         return await _write(request, reply, request_id)
     finally:
         admission.leave()
@@ -274,9 +284,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def _observed(provider: Provider, route_id: str, metrics: Metrics) -> Provider:
+def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
     """Remote routes report their health; the local engine has its own queue gauge."""
-    if isinstance(provider, OpenAIProvider):
+    provider = provider_for(route, route_id=route_id)
+    if route.provider != "local":
         return ObservedProvider(provider, route_id, metrics)
     return provider
 
@@ -313,7 +324,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
     )
     routes = {
-        rid: RouteRuntime(rid, route, _observed(provider_for(route, route_id=rid), rid, metrics_))
+        rid: RouteRuntime(rid, route, _observed(route, rid, metrics_))
         for rid, route in config.routes.items()
     }
     app[CONFIG] = config
@@ -324,6 +335,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     background = app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ncap.config import Config
-from ncap.errors import ModelNotFound
+from ncap.errors import InvalidValue, ModelNotFound
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
@@ -22,11 +22,18 @@ from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import relay
 from ncap.lifecycle.reports import answered_report
 from ncap.lifecycle.settle import Accounting
-from ncap.protocol.validate import parse_chat_request
+from ncap.protocol.chat import ChatCompletionRequest
+from ncap.protocol.completions import CompletionRequest
+from ncap.protocol.validate import parse_chat_request, parse_completion_request
 from ncap.providers.base import UpstreamResult
 from ncap.stores.base import Hold
 
 __all__ = ["Gateway"]
+
+# a fan-out branch asks for one candidate: the count fields are left out
+_CANDIDATE_FIELDS = frozenset({"n", "best_of"})
+# OpenAI's default ``max_tokens`` of the legacy endpoint, sent when the client set none
+LEGACY_DEFAULT_MAX_TOKENS = 16
 
 
 class Gateway:
@@ -56,11 +63,29 @@ class Gateway:
     async def chat(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
         body, request = parse_chat_request(raw, extra_fields=self._extra_fields)
         chain = self._chain(request.model, caller)
+        return await self._serve(request_id, caller, request, body, chain)
+
+    async def completions(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
+        """The legacy ``/v1/completions``: the same lifecycle, with ``best_of`` as the
+        candidate count (``ncap.lifecycle.admit``), on routes that serve the endpoint."""
+        body, request = parse_completion_request(raw, extra_fields=self._extra_fields)
+        _one_prompt(request)
+        chain = _legacy_routes(self._chain(request.model, caller))
+        return await self._serve(request_id, caller, request, body, chain)
+
+    async def _serve(
+        self,
+        request_id: str,
+        caller: Caller,
+        request: ChatCompletionRequest | CompletionRequest,
+        body: dict[str, Any],
+        chain: list[RouteRuntime],
+    ) -> Reply:
         plan, holds = await self._admitter.admit(request_id, caller, request, body, chain)
         try:
             if not plan.decision.ceiling_from_request:
                 # an explicit output ceiling on every attempt, so the reservation is real
-                body["max_completion_tokens"] = plan.decision.per_candidate_ceiling
+                _send_ceiling(plan, body)
             return await self._dispatch(plan, holds, body)
         except BaseException:
             await self.accounting.abandon(holds)
@@ -69,7 +94,8 @@ class Gateway:
     async def _dispatch(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
         if plan.emulated:
             rt = plan.usable_routes[0]
-            branch = {f: v for f, v in self._routed(plan, body, rt).items() if f != "n"}
+            routed = self._routed(plan, body, rt)
+            branch = {f: v for f, v in routed.items() if f not in _CANDIDATE_FIELDS}
             fan_out = self._fan_out.stream if plan.stream else self._fan_out.complete
             return await fan_out(plan, holds, branch, rt)
         if plan.stream:
@@ -113,3 +139,38 @@ class Gateway:
         headers = plan.headers(attempt.route.id)
         headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
         return Reply(200, headers, stream=relay(self.accounting, attempt, opened))
+
+
+def _send_ceiling(plan: Plan, body: dict[str, Any]) -> None:
+    """The output ceiling sent upstream when the request set none: the policy's for
+    chat; for legacy completions OpenAI's default of 16 tokens (what the client would
+    get without the gateway), within the policy's ceiling."""
+    ceiling = plan.decision.per_candidate_ceiling
+    if plan.kind == "completions":
+        body["max_tokens"] = min(LEGACY_DEFAULT_MAX_TOKENS, ceiling)
+    else:
+        body["max_completion_tokens"] = ceiling
+
+
+def _one_prompt(request: CompletionRequest) -> None:
+    """One prompt per request: a batch of k prompts is k × n completions, which the
+    candidate policy and the per-request reservation do not describe."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
+        raise InvalidValue(
+            "Invalid value for 'prompt': the gateway takes one prompt per request (a "
+            "string, one array of token ids, or an array holding one of them); send a "
+            "batch as separate requests.",
+            param="prompt",
+        )
+
+
+def _legacy_routes(chain: list[RouteRuntime]) -> list[RouteRuntime]:
+    """The routes that serve ``/v1/completions`` (Gemini has no such endpoint)."""
+    if chain[0].route.provider == "gemini":
+        raise InvalidValue(
+            "This model's route is a Gemini route, which serves /v1/chat/completions only, "
+            "not the legacy /v1/completions.",
+            param="model",
+        )
+    return [rt for rt in chain if rt.route.provider != "gemini"]

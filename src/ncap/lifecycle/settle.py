@@ -198,7 +198,7 @@ class Accounting:
         its hold stays reserved."""
         usage, rejected = report.usage, outcome == "rejected"
         settlement = settle(
-            effective_n=attempt.plan.candidates_per_attempt,
+            effective_n=attempt.plan.expected_returned,
             returned_n=0 if rejected else report.returned,
             usage_present=usage_complete(usage),
             stream=report.stream,

@@ -18,9 +18,19 @@ from ncap.errors import NcapError
 from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamEvent
 
-__all__ = ["AttemptFailed", "Provider", "StreamEvent", "UpstreamErrorDetail", "UpstreamResult"]
+__all__ = [
+    "AttemptFailed",
+    "Provider",
+    "RequestKind",
+    "StreamEvent",
+    "UpstreamErrorDetail",
+    "UpstreamResult",
+]
 
 FailureKind = Literal["status", "timeout", "connection", "protocol"]
+RequestKind = Literal["chat", "completions"]
+"""Which OpenAI endpoint the body is for: ``/chat/completions`` or the legacy
+``/completions`` (a ``prompt`` instead of ``messages``, ``best_of``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +97,15 @@ class AttemptFailed(Exception):
 
 class Provider(Protocol):
     """One route's upstream. ``body`` is the OpenAI-wire body to send (already rewritten
-    for the route: upstream model, output ceiling, stream options)."""
+    for the route: upstream model, output ceiling, stream options), for the endpoint
+    ``kind`` names; a provider that does not serve that endpoint raises ``InvalidValue``."""
 
-    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult: ...
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
+    ) -> UpstreamResult: ...
 
     def stream(
-        self, body: Mapping[str, Any], *, timeout: float
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamEvent]]]:
         """Open a stream: yields (provider_request_id, events). Leaving the context
         (client disconnect included) cancels the upstream request."""

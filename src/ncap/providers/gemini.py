@@ -28,7 +28,12 @@ from ncap.config import Route
 from ncap.errors import InvalidValue
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.validate import CHAT_FIELDS
-from ncap.providers.base import AttemptFailed, UpstreamErrorDetail, UpstreamResult
+from ncap.providers.base import (
+    AttemptFailed,
+    RequestKind,
+    UpstreamErrorDetail,
+    UpstreamResult,
+)
 from ncap.providers.openai_gemini import (
     GeminiError,
     GeminiStream,
@@ -45,6 +50,7 @@ from ncap.streaming.sse_data import iter_data
 __all__ = ["DEFAULT_BASE_URL", "GeminiProvider", "gemini_failure"]
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
+NOT_LEGACY = "Gemini routes serve /v1/chat/completions only, not the legacy /v1/completions."
 _SKIP_SIGNATURE = "skip_thought_signature_validator"
 _GEMINI_3 = re.compile(r"^gemini-3")
 _encode = msgspec.json.Encoder().encode
@@ -65,8 +71,10 @@ class GeminiProvider:
         self._whole = _transport(route, base + ":generateContent", headers)
         self._streamed = _transport(route, base + ":streamGenerateContent?alt=sse", headers)
 
-    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
-        data = self._request(body)
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
+    ) -> UpstreamResult:
+        data = self._request(body, kind)
         payload, headers = await self._whole.post(data, timeout=timeout)
         try:
             resp = decode_response(payload)
@@ -84,9 +92,9 @@ class GeminiProvider:
 
     @asynccontextmanager
     async def stream(
-        self, body: Mapping[str, Any], *, timeout: float
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
-        data = self._request(body)
+        data = self._request(body, kind)
         async with self._streamed.open(data, timeout=timeout) as resp:
             payloads = aiter(iter_data(resp.content))
             first = await _first(payloads)
@@ -100,9 +108,11 @@ class GeminiProvider:
         await self._whole.aclose()
         await self._streamed.aclose()
 
-    def _request(self, body: Mapping[str, Any]) -> bytes:
+    def _request(self, body: Mapping[str, Any], kind: RequestKind) -> bytes:
         """The Gemini body for the OpenAI body the lifecycle routed here: the route's
         allow-listed extras have no Gemini meaning and are not sent."""
+        if kind != "chat":
+            raise InvalidValue(NOT_LEGACY, param="model")
         fields = {k: v for k, v in body.items() if k in CHAT_FIELDS}
         try:
             request = msgspec.convert(fields, ChatCompletionRequest)
