@@ -107,11 +107,17 @@ def test_stream_without_include_usage_gets_no_usage_chunk(
     legacy: tuple[openai.OpenAI, FakeState, Path],
 ) -> None:
     client, state, tmp = legacy
-    chunks = list(client.completions.create(model="fake-model", prompt=PROMPT, stream=True))
+    raw = client.completions.with_raw_response.create(
+        model="fake-model", prompt=PROMPT, stream=True
+    )
+    chunks = list(raw.parse())
     assert chunks and all(c.usage is None for c in chunks)
     # the gateway asked for usage on its own behalf (the route's contract has it)
     assert _last_body(state)["stream_options"] == {"include_usage": True}
     assert _last_body(state)["max_tokens"] == 16  # OpenAI's legacy default, sent explicitly
+    (row,) = asyncio.run(settled_rows(tmp, raw.headers["x-request-id"]))
+    assert row.state == "settled"  # from the usage the client did not see
+    assert row.reserved_output_tokens == 16  # reserved for what was sent
 
 
 @pytest.mark.parametrize(

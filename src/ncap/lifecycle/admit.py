@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -35,6 +36,8 @@ from ncap.stores.base import Hold
 __all__ = ["Admitter"]
 
 _NOTHING = Reservation(0, 0, 0)
+# OpenAI's default ``max_tokens`` of the legacy completions endpoint
+LEGACY_DEFAULT_MAX_TOKENS = 16
 Request = ChatCompletionRequest | CompletionRequest
 
 
@@ -73,7 +76,7 @@ class Admitter:
 
     def _decide(self, caller: Caller, request: Request, now: datetime) -> Decision:
         temperature = _given(request.temperature)
-        return decide(
+        decision = decide(
             workload_id=caller.workload_id,
             workload=self.config.workloads[caller.workload_id],
             exceptions=self.config.exceptions,
@@ -84,6 +87,12 @@ class Admitter:
             max_tokens=_given(request.max_tokens),
             now=now,
         )
+        if isinstance(request, CompletionRequest) and not decision.ceiling_from_request:
+            # the legacy endpoint's own default (16 tokens) is what the client would get
+            # upstream: the gateway sends it (within policy) and reserves for it
+            ceiling = min(LEGACY_DEFAULT_MAX_TOKENS, decision.per_candidate_ceiling)
+            return replace(decision, per_candidate_ceiling=ceiling)
+        return decision
 
     def _plan(
         self,

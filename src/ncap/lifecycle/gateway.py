@@ -32,8 +32,6 @@ __all__ = ["Gateway"]
 
 # a fan-out branch asks for one candidate: the count fields are left out
 _CANDIDATE_FIELDS = frozenset({"n", "best_of"})
-# OpenAI's default ``max_tokens`` of the legacy endpoint, sent when the client set none
-LEGACY_DEFAULT_MAX_TOKENS = 16
 
 
 class Gateway:
@@ -142,14 +140,10 @@ class Gateway:
 
 
 def _send_ceiling(plan: Plan, body: dict[str, Any]) -> None:
-    """The output ceiling sent upstream when the request set none: the policy's for
-    chat; for legacy completions OpenAI's default of 16 tokens (what the client would
-    get without the gateway), within the policy's ceiling."""
-    ceiling = plan.decision.per_candidate_ceiling
-    if plan.kind == "completions":
-        body["max_tokens"] = min(LEGACY_DEFAULT_MAX_TOKENS, ceiling)
-    else:
-        body["max_completion_tokens"] = ceiling
+    """The output ceiling sent upstream when the request set none (for the legacy
+    endpoint the admitter already made it OpenAI's default of 16, within policy)."""
+    field = "max_tokens" if plan.kind == "completions" else "max_completion_tokens"
+    body[field] = plan.decision.per_candidate_ceiling
 
 
 def _one_prompt(request: CompletionRequest) -> None:
