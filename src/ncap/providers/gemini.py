@@ -58,8 +58,8 @@ log = logging.getLogger("ncap.providers.gemini")
 
 
 class GeminiProvider:
-    """One route's Gemini model: two transports (whole and streamed) sharing nothing
-    but the credential; each pools its own connections."""
+    """One route's Gemini model: a transport per method (whole, streamed), each with
+    the route's pool size, opened on first use."""
 
     def __init__(self, route: Route, *, route_id: str) -> None:
         assert route.upstream_model is not None  # config.Route requires it for gemini
@@ -83,7 +83,7 @@ class GeminiProvider:
                 resp,
                 completion_id=_completion_id(rid),
                 created=int(time.time()),
-                model=resp.model_version or self.model,
+                model=self.model,  # as the stream names it, so both read the same
                 provider_request_id=rid,
             )
         except GeminiError as exc:
