@@ -198,3 +198,38 @@ def test_unsupported_field_is_refused_before_dispatch(
     assert isinstance(body, dict)
     assert body["param"] == "logit_bias"
     assert fake_gemini[1].requests == 0
+
+
+def test_emulated_gemini_route_fans_out_and_merges(
+    client_for: Any, fake_gemini: tuple[str, GeminiFakeState], tmp_path: Path
+) -> None:
+    """``candidates: emulate`` on a Gemini route: k single-candidate Gemini requests,
+    merged whole and streamed (the translator's chunks carry their data for the merge)."""
+    client = client_for(candidates="emulate")
+    whole = client.chat.completions.create(
+        model="gem", messages=MESSAGES, n=2, max_completion_tokens=20
+    )
+    assert [c.index for c in whole.choices] == [0, 1]
+    assert all(
+        _sent_config(body).get("candidateCount", 1) == 1 for body in fake_gemini[1].recent_bodies
+    )
+    streamed = demux(
+        client.chat.completions.create(
+            model="gem",
+            messages=MESSAGES,
+            n=2,
+            max_completion_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert sorted(streamed.choices) == [0, 1]
+    assert streamed.usage is not None and whole.usage is not None
+    assert streamed.usage.total_tokens == whole.usage.total_tokens
+    rows = _rows(tmp_path, 4)
+    assert len(rows) == 4 and all(r.state == "settled" for r in rows)
+
+
+def _sent_config(raw: bytes) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads(raw).get("generationConfig") or {}
+    return config

@@ -147,9 +147,12 @@ def probe(
         err.print(f"[red]inconclusive[/red] {exc}; nothing was written", highlight=False)
         raise typer.Exit(1) from None
     print_findings(Console(), route, findings)
-    if path is not None and not dry_run:
-        record_findings(path, route, findings)
-        err.print(f"recorded routes.{route}.contract in {path}", highlight=False)
+    if path is None or dry_run:
+        reason = "--dry-run" if dry_run else "no config file (the embedded default)"
+        err.print(f"nothing written: {reason}", highlight=False)
+        return
+    record_findings(path, route, findings)
+    err.print(f"recorded routes.{route}.contract in {path}", highlight=False)
 
 
 def _profiles_help() -> str:
