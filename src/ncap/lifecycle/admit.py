@@ -3,10 +3,9 @@
 the dearest route the request may use, admitted atomically against every budget window
 (SPEC §4–§6). What comes out is the frozen ``Plan`` and the holds it reserved.
 
-The policy reads the validated request struct (chat, or legacy completions, where
-``best_of`` is the candidate count: it is what the upstream generates and bills); only
-the reservation's size estimate reads the body as sent, because it measures the bytes of
-what the client sent.
+The policy reads the validated request struct (chat or legacy completions: what differs
+is in ``ncap.lifecycle.asked``); only the reservation's size estimate reads the body as
+sent, because it measures the bytes of what the client sent.
 """
 
 from __future__ import annotations
@@ -18,27 +17,21 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from msgspec import UNSET
-
+import ncap.lifecycle.asked as asked
 from ncap import __version__
 from ncap.config import Config, Fingerprint
 from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
 from ncap.domain.policy import Decision, decide
-from ncap.domain.reservation import Reservation, estimate_input_tokens, reservation_for
+from ncap.domain.reservation import Reservation, reservation_for
 from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
+from ncap.lifecycle.asked import Request, given
 from ncap.lifecycle.plan import Caller, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.protocol.chat import ChatCompletionRequest
-from ncap.protocol.completions import CompletionRequest
-from ncap.providers.base import RequestKind
 from ncap.stores.base import Hold
 
 __all__ = ["Admitter"]
 
 _NOTHING = Reservation(0, 0, 0)
-# OpenAI's default ``max_tokens`` of the legacy completions endpoint
-LEGACY_DEFAULT_MAX_TOKENS = 16
-Request = ChatCompletionRequest | CompletionRequest
 
 
 class Admitter:
@@ -75,24 +68,22 @@ class Admitter:
         return plan, holds
 
     def _decide(self, caller: Caller, request: Request, now: datetime) -> Decision:
-        temperature = _given(request.temperature)
+        temperature = given(request.temperature)
         decision = decide(
             workload_id=caller.workload_id,
             workload=self.config.workloads[caller.workload_id],
             exceptions=self.config.exceptions,
             limits=self.config.limits,
-            requested=_candidates(request),
+            requested=asked.candidates(request),
             temperature=float(temperature) if temperature is not None else None,
-            max_completion_tokens=_given(getattr(request, "max_completion_tokens", None)),
-            max_tokens=_given(request.max_tokens),
+            max_completion_tokens=asked.max_completion_tokens(request),
+            max_tokens=given(request.max_tokens),
             now=now,
         )
-        if isinstance(request, CompletionRequest) and not decision.ceiling_from_request:
-            # the legacy endpoint's own default (16 tokens) is what the client would get
-            # upstream: the gateway sends it (within policy) and reserves for it
-            ceiling = min(LEGACY_DEFAULT_MAX_TOKENS, decision.per_candidate_ceiling)
-            return replace(decision, per_candidate_ceiling=ceiling)
-        return decision
+        if decision.ceiling_from_request:
+            return decision
+        ceiling = asked.default_ceiling(request, decision.per_candidate_ceiling)
+        return replace(decision, per_candidate_ceiling=ceiling)
 
     def _plan(
         self,
@@ -109,14 +100,14 @@ class Admitter:
         n = decision.effective
         routes = _usable_routes(chain, n, now)
         emulated = candidates_mode(routes[0].route.contract, n) == "emulate"
-        returns = _returned(request)
+        returns = asked.returned(request)
         if emulated and returns is not None:
             raise RouteDoesNotSupportCandidates(
                 f"best_of > n needs the route to rank candidates itself; route "
                 f"{routes[0].id} emulates n by fan-out. Send best_of equal to n.",
                 param="best_of",
             )
-        whole = _reservation(body, routes, decision)
+        whole = _reservation(asked.input_estimate(body, asked.kind_of(request)), routes, decision)
         each = whole
         if emulated:
             each = Reservation(
@@ -137,7 +128,7 @@ class Admitter:
             quota_scope=self.accounting.budgets.quota_scope,
             timestamp=now,
             started=time.monotonic(),
-            kind=_kind(request),
+            kind=asked.kind_of(request),
             returns=returns,
         )
 
@@ -166,42 +157,14 @@ def _draft(
         quota_scope="instance",
         timestamp=now,
         started=time.monotonic(),
-        kind=_kind(request),
+        kind=asked.kind_of(request),
     )
-
-
-def _kind(request: Request) -> RequestKind:
-    return "chat" if isinstance(request, ChatCompletionRequest) else "completions"
-
-
-def _candidates(request: Request) -> int | None:
-    """The candidate count policy judges: ``n``, or a legacy request's ``best_of`` (the
-    candidates generated and billed; validation has checked ``best_of`` >= ``n``)."""
-    n: int | None = _given(request.n)
-    if isinstance(request, CompletionRequest):
-        best_of: int | None = _given(request.best_of)
-        return best_of if best_of is not None and best_of > 0 else n
-    return n
-
-
-def _returned(request: Request) -> int | None:
-    """How many of the candidates come back, when fewer than are generated (best_of > n)."""
-    if not isinstance(request, CompletionRequest):
-        return None
-    n: int = _given(request.n) or 1
-    best_of: int | None = _given(request.best_of)
-    return n if best_of is not None and best_of > n else None
 
 
 def _stream_mode(request: Request) -> tuple[bool, bool]:
     """Whether the client streams, and whether it asked for the usage chunk."""
-    options = _given(request.stream_options)
-    return bool(_given(request.stream)), options is not None and bool(_given(options.include_usage))
-
-
-def _given(value: Any) -> Any:
-    """A struct field as the policy reads it: UNSET (absent) and null are both None."""
-    return None if value is UNSET else value
+    options = given(request.stream_options)
+    return bool(given(request.stream)), options is not None and bool(given(options.include_usage))
 
 
 def _usable_routes(
@@ -224,20 +187,8 @@ def _usable_routes(
     return (primary, *fallbacks)
 
 
-def _reservation(
-    body: dict[str, Any], routes: Sequence[RouteRuntime], decision: Decision
-) -> Reservation:
+def _reservation(estimate: int, routes: Sequence[RouteRuntime], decision: Decision) -> Reservation:
     """Sized for the dearest route the request may end up on (fallbacks included)."""
-    if "messages" in body:
-        estimate = estimate_input_tokens(
-            body["messages"],
-            tools=body.get("tools"),
-            functions=body.get("functions"),
-            response_format=body.get("response_format"),
-        )
-    else:  # a legacy prompt (and suffix), measured like one user message
-        text = {"prompt": body.get("prompt"), "suffix": body.get("suffix")}
-        estimate = estimate_input_tokens([text])
     sizes = [
         reservation_for(
             estimated_input_tokens=estimate,
