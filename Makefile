@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit bench bench-gateway bench-ledger bench-stack bench-engine clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine clean
 
 setup:
 	@scripts/setup.sh
@@ -24,14 +24,32 @@ unit: setup
 
 test: lint typecheck unit
 
-bench: bench-gateway bench-ledger bench-stack bench-engine
+# mutation testing of the accounting core ([tool.mutmut] in pyproject.toml); not part of
+# `make test`. Low parallelism by default: it is CPU-heavy. Results: docs/mutation.md.
+MUTATION_JOBS ?= 2
+mutation: setup
+	rm -rf mutants
+	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS)
+	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
+bench: bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine
+
+# every row of issue 8's table, side by side in one run, with the machine's load
 bench-gateway: setup
 	@scripts/setup-litellm.sh
-	$(BIN)/python bench/gateway_bench.py --targets direct,ncap-memory,ncap-ledger,ncap,litellm --rounds 3
+	@scripts/setup-portkey.sh
+	$(BIN)/python bench/gateway_bench.py --targets direct,bare,ncap-memory,ncap-ledger,ncap,ncap-sqlite,portkey,litellm --rounds 3 --warmup 3
 
 bench-ledger: setup
 	$(BIN)/python bench/ledger_check.py --requests 5000 --concurrency 64
+
+# RSS after 200,000 requests vs after 20,000, for every store set-up
+bench-rss: setup
+	$(BIN)/python bench/rss_check.py --small 20000 --large 200000
+
+# cProfile of ncap serve under load (bench/results/profile-*.txt)
+bench-profile: setup
+	$(BIN)/python bench/profile_gateway.py --setups ncap,ncap-memory,ncap-sqlite --duration 10
 
 bench-stack: setup
 	$(BIN)/pip install -q -e '.[bench]'
@@ -41,4 +59,4 @@ bench-engine: setup
 	$(BIN)/python bench/engine_bench.py --repeat 2
 
 clean:
-	rm -rf $(VENV) .venv-litellm .ncap .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-litellm bench/portkey/node_modules .ncap .pytest_cache .mypy_cache .ruff_cache

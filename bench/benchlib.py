@@ -82,14 +82,23 @@ class Server:
 
 
 def start_server(
-    name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None
+    name: str,
+    argv: Sequence[str],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Server:
     """Start ``argv`` in a new session with stdout/stderr to ``log_dir/name.log``."""
     log = log_dir / f"{name}.log"
     full_env = dict(os.environ, **(env or {}))
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            list(argv), stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            cwd=cwd,
         )
     return Server(name, proc, log)
 

@@ -1,11 +1,16 @@
 """Ledger rows = requests: the gateway's SQLite ledger under load, counted afterwards.
 
-Starts the fake upstream and ``ncap serve`` (durable SQLite ledger), sends exactly N
-requests at concurrency C, stops the gateway gracefully (SIGTERM drains the
-settlements), then opens the ledger file and checks that it holds exactly one
-``settled`` row per answered request and that the upstream saw as many requests.
+Starts the fake upstream and ``ncap serve`` (by default the shipped default stores:
+SQLite ledger, in-process budgets), sends exactly N requests at concurrency C, stops
+the gateway gracefully (SIGTERM drains the settlements), then opens the ledger file
+and checks that it holds exactly one ``settled`` row per answered request. Then it
+checks the budgets against the ledger: in-process counters rebuilt from the file
+(what a restarted gateway starts from) must equal the ledger's sums, and SQLite
+budget counters (``--stores sqlite``) must too. The live in-process counters are
+compared in tests/http/test_default_stores.py, which can reach into the process.
 
     .venv/bin/python bench/ledger_check.py [--requests 5000] [--concurrency 64]
+        [--stores default|ledger-full|sqlite]
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import sqlite3
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import benchlib as bl
 from gateway_bench import ncap_config_text
+
+from ncap.stores import MemoryBudgetStore, SQLiteBudgetStore, SQLiteLedgerStore
 
 
 async def fire(url: str, body: bytes, total: int, concurrency: int) -> dict[int, int]:
@@ -45,21 +53,60 @@ def count_rows(db: Path) -> dict[str, int]:
         return dict(conn.execute("SELECT state, count(*) FROM ledger_events GROUP BY state"))
 
 
+def ledger_sums(db: Path) -> dict[str, int]:
+    """Today's tokens and spend by the ledger (settled rows: actuals)."""
+    sql = (
+        "SELECT COALESCE(SUM(total_tokens), 0), COALESCE(SUM(cost_micros), 0)"
+        " FROM ledger_events WHERE state = 'settled' AND substr(timestamp, 1, 10) = ?"
+    )
+    with sqlite3.connect(db) as conn:
+        tokens, cost = conn.execute(sql, (_today(),)).fetchone()
+    return {"tokens_day": int(tokens), "cost_day": int(cost)}
+
+
+def _today() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+async def rebuilt_counters(db: Path) -> dict[str, int]:
+    """The in-process counters a gateway restarted on this ledger starts from."""
+    ledger = SQLiteLedgerStore(db)
+    try:
+        budgets = MemoryBudgetStore(history=ledger)
+        await budgets.recover_lost()
+        usage = await budgets.usage("default")
+        held = await budgets.outstanding()
+    finally:
+        await ledger.close()
+    return {"tokens_day": usage.tokens_day, "cost_day": usage.cost_day, "held": len(held)}
+
+
+async def sqlite_counters(db: Path) -> dict[str, int]:
+    budgets = SQLiteBudgetStore(db, gateway_instance="ledger-check")
+    try:
+        usage = await budgets.usage("default")
+        held = await budgets.outstanding()
+    finally:
+        await budgets.close()
+    return {"tokens_day": usage.tokens_day, "cost_day": usage.cost_day, "held": len(held)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--stores", default="ledger", choices=["ledger", "sqlite"])
+    p.add_argument("--stores", default="default", choices=["default", "ledger-full", "sqlite"])
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ncap-ledger-check-"))
     up_port, gw_port = bl.free_port(), bl.free_port()
     upstream = bl.start_server("upstream", bl.upstream_argv(up_port), work)
     config = work / "ncap.yaml"
-    config.write_text(ncap_config_text(up_port, work, args.stores))
+    config.write_text(ncap_config_text(up_port, work, args.stores, 2 * args.concurrency))
     gateway = bl.start_server(
         "ncap",
         [str(bl.ROOT / ".venv/bin/ncap"), "serve", "--config", str(config), "--port", str(gw_port)],
         work,
+        cwd=work,  # the shipped default's ledger: .ncap/ledger.db under it
     )
     url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
     try:
@@ -76,7 +123,13 @@ def main() -> None:
         bl.stop_server(gateway)
         bl.stop_server(upstream)
     answered = statuses.get(200, 0) + 1  # + the readiness probe
-    rows = count_rows(work / "ledger.db")
+    db = work / (".ncap/ledger.db" if args.stores == "default" else "ledger.db")
+    rows = count_rows(db)
+    sums = ledger_sums(db)
+    counters = asyncio.run(rebuilt_counters(db))
+    if args.stores == "sqlite":
+        counters = asyncio.run(sqlite_counters(work / "budgets.db"))
+    counters_ok = counters == {**sums, "held": 0}
     result = {
         "requests_sent": args.requests + 1,
         "answered_200": answered,
@@ -84,7 +137,9 @@ def main() -> None:
         "ledger_rows_by_state": rows,
         "ledger_rows": sum(rows.values()),
         "throughput_rps": round(args.requests / elapsed, 1),
-        "ok": rows == {"settled": answered} and answered == args.requests + 1,
+        "ledger_sums": sums,
+        "budget_counters": counters,
+        "ok": rows == {"settled": answered} and answered == args.requests + 1 and counters_ok,
     }
     print(json.dumps(result, indent=2))
     sys.exit(0 if result["ok"] else 1)

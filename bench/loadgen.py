@@ -8,7 +8,7 @@ steal the core the server under test needs.
 
 Usage:
     loadgen.py URL [-c 16] [--duration 5 | --requests N] [--warmup 1]
-               [--model fake-model] [--stream] [--json]
+               [--model fake-model] [--stream] [--json] [--header 'Name: value' ...]
 
 Throughput counts answers that *completed* inside the measurement window;
 latency percentiles are over the same answers. Streaming mode also reports the
@@ -145,6 +145,7 @@ async def run(
     stream: bool = False,
     requests: int | None = None,
     api_key: str = "bench",
+    extra_headers: dict[str, str] | None = None,
 ) -> Result:
     """Drive ``concurrency`` workers; measure after ``warmup_s`` seconds."""
     now = time.perf_counter()
@@ -153,6 +154,7 @@ async def run(
     timeout = aiohttp.ClientTimeout(total=60)
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+    headers.update(extra_headers or {})
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, headers=headers
     ) as session:
@@ -208,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--api-key", default="bench", help="sent as Authorization: Bearer KEY")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--header", action="append", default=[], help="extra 'Name: value' header (repeatable)"
+    )
     args = p.parse_args(argv)
+    extra = dict(tuple(part.strip() for part in h.split(":", 1)) for h in args.header)
     res = uvloop.run(
         run(
             args.url,
@@ -219,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             args.stream,
             args.requests,
             args.api_key,
+            extra,
         )
     )
     if args.json:

@@ -28,8 +28,11 @@ __all__ = [
     "Contract",
     "ExceptionGrant",
     "KeyEntry",
+    "LedgerDurability",
     "Pricing",
+    "Reports",
     "Route",
+    "Thresholds",
     "Workload",
     "default_config",
     "load_config",
@@ -70,6 +73,10 @@ class Server(_Model):
     max_in_flight: int = Field(512, ge=1)
     ramp: Ramp = Ramp()
     instance_id: str | None = None
+    # heartbeats into the shared store; a gateway silent for heartbeat_timeout_s is
+    # lost: its in-flight rows become gateway_lost and its holds stay counted
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    heartbeat_timeout_s: float = Field(15.0, gt=0)
     # how long a /metrics scrape may reuse the last store snapshot (ledger and budget
     # gauges); 0 re-reads the stores on every scrape
     metrics_cache_s: float = Field(2.0, ge=0)
@@ -84,9 +91,15 @@ class Server(_Model):
             return False
 
 
+LedgerDurability = Literal["normal", "full"]
+
+
 class Stores(_Model):
     ledger: str = "sqlite:///.ncap/ledger.db"
-    budgets: str = "sqlite:///.ncap/budgets.db"
+    # in-process counters rebuilt from the ledger at start-up (SPEC §2, Appendix A)
+    budgets: str = "memory://"
+    # SQLite ledger: normal survives kill -9, full also power loss (docs/configuration.md)
+    ledger_durability: LedgerDurability = "normal"
 
     @field_validator("ledger")
     @classmethod
@@ -217,6 +230,8 @@ class Route(_Model):
     max_sequences: int = Field(32, ge=1, le=256)
     max_queue: int = Field(64, ge=1)
     threads: int | None = Field(None, ge=1)
+    # KV cells of recent prompts kept for reuse by later requests (0: no prefix cache)
+    prefix_cache_tokens: int = Field(4096, ge=0)
 
     @model_validator(mode="after")
     def _provider_fields(self) -> Route:
@@ -229,6 +244,35 @@ class Route(_Model):
         return self
 
 
+class Thresholds(_Model):
+    """What the audit and the daily report flag (``reports.thresholds``); None: no check."""
+
+    output_tokens_per_request_p95: int | None = Field(None, ge=0)
+    output_tokens_per_request_mean: float | None = Field(None, ge=0)
+    denial_rate: float | None = Field(0.05, ge=0, le=1)
+    mismatch_rate: float | None = Field(0.0, ge=0, le=1)
+    pending_count: int | None = Field(None, ge=0)
+    pending_age: str | None = "24h"
+    exception_budget_warn: float = Field(0.8, gt=0, le=1)
+    distribution_shift_psi: float = Field(0.2, gt=0)
+    shift_min_requests: int = Field(100, ge=1)
+
+    @field_validator("pending_age")
+    @classmethod
+    def _age(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    @property
+    def pending_age_delta(self) -> timedelta | None:
+        return parse_duration(self.pending_age) if self.pending_age else None
+
+
+class Reports(_Model):
+    thresholds: Thresholds = Thresholds()
+
+
 class Config(_Model):
     server: Server = Server()
     stores: Stores = Stores()
@@ -238,6 +282,7 @@ class Config(_Model):
     exceptions: list[ExceptionGrant] = []
     models: dict[str, list[str]] = {}
     routes: dict[str, Route] = {}
+    reports: Reports = Reports()
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -23,17 +23,21 @@
     │   ├── BudgetExhausted                       budget_exhausted (x-should-retry: false)
     │   └── SlowDown                              slow_down
     ├── Overloaded                          503 server_is_overloaded
+    │   └── StoreUnavailable                503 store_unavailable (a store is down: fail closed)
     ├── UpstreamError                       502 upstream_error
     │   └── UpstreamTimeout                 504 upstream_timeout
     └── ConfigError                         (CLI only: a configuration problem)
 
 Every class knows its HTTP status and OpenAI ``type``/``code``; the message of an
-``NcapError`` is written for the client. Anything else that escapes a handler is an
-internal error and is answered with a generic 500 envelope, never a stack trace.
+``NcapError`` is written for the client. A refusal may also carry a ``Refusal``: which
+limit refused and by how much, for the ledger's denial row (never request content).
+Anything else that escapes a handler is an internal error and is answered with a
+generic 500 envelope, never a stack trace.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
@@ -57,13 +61,27 @@ __all__ = [
     "PolicyDenied",
     "RateLimitExceeded",
     "RateLimited",
+    "Refusal",
     "RouteContractStale",
     "RouteDoesNotSupportCandidates",
     "SlowDown",
+    "StoreUnavailable",
     "UnknownParameter",
     "UpstreamError",
     "UpstreamTimeout",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What refused a request, for its denial row: the limit's name (a budget window such
+    as ``tokens_day``, ``max_candidates``, ``output_ceiling``, or a refused field's
+    name), the limit's value, and what the request needed of it, in the limit's unit
+    (tokens, micro-USD, requests, candidates)."""
+
+    limit: str
+    value: int | None = None
+    amount: int | None = None
 
 
 class NcapError(Exception):
@@ -78,11 +96,13 @@ class NcapError(Exception):
         param: str | None = None,
         retry_after: float | None = None,
         code: str | None = None,
+        refusal: Refusal | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.refusal = refusal
         if code is not None:
             self.code = code  # type: ignore[misc]
 
@@ -207,6 +227,12 @@ class BudgetExhausted(RateLimited):
     code = "budget_exhausted"
 
     @property
+    def window(self) -> str | None:
+        """The budget window that refused (``ncap.metrics.BUDGET_WINDOWS`` or
+        ``exception``), when the store said."""
+        return self.refusal.limit if self.refusal is not None else None
+
+    @property
     def should_retry(self) -> bool | None:
         return False
 
@@ -219,6 +245,27 @@ class Overloaded(NcapError):
     status = 503
     type = "server_error"
     code = "server_is_overloaded"
+
+
+class StoreUnavailable(Overloaded):
+    """A store could not be reached or failed: the gateway refuses rather than serve
+    traffic it cannot meter. ``store`` names it (``ledger`` or ``budgets``) for /readyz.
+
+    Every backend converts its driver's errors into this one class where they enter
+    (``raise StoreUnavailable(...) from exc``), so nothing above the stores knows drivers.
+    """
+
+    code = "store_unavailable"
+
+    def __init__(self, store: str, backend: str, detail: str = "") -> None:
+        super().__init__(
+            f"The gateway's {store} store ({backend}) is unavailable, so no request can be "
+            "metered; nothing was sent upstream. Retry after a short delay.",
+            retry_after=1.0,
+        )
+        self.store = store
+        self.backend = backend
+        self.detail = detail  # the driver's error class, for logs; never sent to clients
 
 
 class UpstreamError(NcapError):

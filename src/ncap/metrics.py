@@ -198,7 +198,7 @@ class Metrics:
 
     def budget_exhausted(self, workload: str, window: str) -> None:
         """A ``budget_exhausted`` refusal, by the window that refused (``BUDGET_WINDOWS``
-        or ``exception``)."""
+        or ``exception``; ``unknown`` when the budget store did not say)."""
         self.child(self.denials_by_window, workload, window).inc()
 
     def cost(self, workload: str, route: str, micros: int) -> None:

@@ -76,7 +76,7 @@ def test_comments_order_and_the_other_route_survive(config_file: Path) -> None:
         assert kept in text
     assert re.search(r"\n      candidates: native +# until probed\n", text)  # comment kept
     keys = re.findall(r"^      (\w+):", text.split("primary:")[1].split("backup:")[0], re.M)
-    # new keys placed in Contract's order; error_responses is the operator's, not probed
+    # new keys placed in Contract's order; operator-owned ones the file lacks stay absent
     assert keys == [k for k in Contract.model_fields if k != "error_responses"]
     assert (
         "verified_at: '2026-12-01T09:30:00Z'" in text or "verified_at: 2026-12-01T09:30:00Z" in text

@@ -50,19 +50,29 @@ DOMAIN = {
 }
 
 STORES = {
+    "BudgetHistory",
     "BudgetStore",
     "DuplicateAttempt",
     "Hold",
     "HoldState",
+    "Identity",
     "ImportResult",
+    "InstanceRegistry",
     "LedgerStore",
     "MemoryBudgetStore",
     "MemoryLedgerStore",
+    "PeerWatch",
+    "PostgresLedgerStore",
+    "RedisBudgetStore",
     "SQLiteBudgetStore",
     "SQLiteLedgerStore",
     "budgets_from_url",
+    "history_of",
     "hold_id_for",
+    "instances_for",
     "ledger_from_url",
+    "migrate_stores",
+    "shared_between_processes",
     "sqlite_target",
 }
 

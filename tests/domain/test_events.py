@@ -55,8 +55,12 @@ SPEC_COLUMNS = [
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 
 
-def test_columns_are_exactly_the_specs_in_its_order() -> None:
-    assert list(LEDGER_COLUMNS) == SPEC_COLUMNS
+# ncap's own columns, after the spec's (what refused a denied request, a failure's status)
+EXTENSION_COLUMNS = ["denied_by", "denied_limit", "denied_amount", "upstream_status"]
+
+
+def test_columns_are_the_specs_in_its_order_then_the_extensions() -> None:
+    assert list(LEDGER_COLUMNS) == SPEC_COLUMNS + EXTENSION_COLUMNS
 
 
 def test_unknown_usage_is_none_not_zero() -> None:
@@ -93,6 +97,8 @@ SETTLE_TABLE: list[tuple[AttemptOutcome, bool, int | None, bool, str, str | None
     ("gateway_lost", False, None, False, "usage_reconciliation_required", "gateway_lost"),
     ("gateway_lost", True, None, False, "usage_reconciliation_required", "gateway_lost"),
     ("rejected", False, 0, False, "settled", None),  # a 4xx refusal generated nothing
+    ("unbilled_error", False, 0, False, "settled", None),  # the contract: nothing generated
+    ("unbilled_error", True, 0, False, "settled", None),  # an error answer to a stream request
 ]
 
 

@@ -19,8 +19,9 @@ from aiohttp.test_utils import TestServer
 
 from ncap.engine import Engine, EngineSettings, GenerationParams, JsonGrammar, chat_params
 from ncap.errors import ContextLengthExceeded, Overloaded
+from tests.engine._require import require_engine
 
-pytest.importorskip("llama_cpp")
+require_engine()
 pytestmark = pytest.mark.engine
 
 FRUITS = ({"role": "user", "content": "List five fruits, one per line."},)

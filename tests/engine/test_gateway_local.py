@@ -12,11 +12,12 @@ import openai
 import pytest
 
 from ncap.config import Stores, default_config
+from tests.engine._require import require_engine
 from tests.http.test_accounting import settled_rows
 from tests.support import ServerThread, gateway
 from tests.wire import validate_chunk, validate_response
 
-pytest.importorskip("llama_cpp")
+require_engine()
 pytestmark = pytest.mark.engine
 
 MESSAGES = [{"role": "user", "content": "Write one short sentence about rain."}]

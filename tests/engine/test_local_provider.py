@@ -10,8 +10,9 @@ import pytest
 from ncap.config import Route
 from ncap.errors import ContextLengthExceeded
 from ncap.providers.local import LocalProvider
+from tests.engine._require import require_engine
 
-pytest.importorskip("llama_cpp")
+require_engine()
 pytestmark = pytest.mark.engine
 
 BODY = {

@@ -61,7 +61,11 @@ def test_chat_defaults() -> None:
             InvalidValue,
             "response_format",
         ),
-        ({"messages": MESSAGES, "tools": [{"type": "function"}]}, InvalidValue, "tools"),
+        (
+            {"messages": MESSAGES, "tools": [{"type": "function"}]},
+            InvalidValue,
+            "tools.[0].function.name",
+        ),
         ({"messages": MESSAGES, "max_tokens": 0}, InvalidValue, "max_tokens"),
     ],
 )

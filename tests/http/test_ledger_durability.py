@@ -234,3 +234,78 @@ def test_ledger_export_and_reconcile_list(fake: tuple[str, FakeState], tmp_path:
     assert header.startswith("timestamp,request_id,attempt,workload_id") and len(lines) == 2
     pending = runner.invoke(cli, ["reconcile", "list", "--format", "json", "--config", str(path)])
     assert pending.exit_code == 0 and json.loads(pending.stdout) == []
+
+
+def _default_stores(config: Config, tmp: Path, **workload: Any) -> Config:
+    """The shipped default stores (SQLite ledger, in-process budgets, durability
+    normal), the ledger in ``tmp`` so the test can read it."""
+    raw = config.model_dump(mode="json", exclude_none=True)
+    raw["stores"] = {"ledger": f"sqlite:///{tmp}/ledger.db"}
+    raw["workloads"]["default"].update(workload)
+    return Config.model_validate(raw)
+
+
+async def test_kill_9_on_the_default_stores_keeps_every_hold_counted(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    """In-process budgets are rebuilt from the ledger: after kill -9 with 20 requests in
+    flight, the restarted gateway still holds all 20 reservations against the budget."""
+    config = _default_stores(
+        gateway_config(
+            fake[0],
+            tmp_path,
+            routes={"fake": {"headers": {"x-fake-fault": "latency=20000"}, "timeout_s": 60}},
+        ),
+        tmp_path,
+    )
+    assert (config.stores.budgets, config.stores.ledger_durability) == ("memory://", "normal")
+    path, log = _write(config, tmp_path), tmp_path / "gateway.log"
+    fake[1].reset()
+    with serving(path, log) as (proc, url):
+        tasks = await _fire(url, 20)
+        deadline = time.monotonic() + 20
+        while fake[1].stats()["in_flight"] < 20:
+            assert time.monotonic() < deadline, fake[1].stats()
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    in_flight = await rows(tmp_path)
+    assert len(in_flight) == 20 and {e.state for e in in_flight} == {"reserved"}
+    held = sum(e.reserved_cost_micros for e in in_flight)
+    one = in_flight[0].reserved_cost_micros
+    assert one > 0
+    # room for the 20 lost holds and half of one more: only rebuilt counters refuse
+    budget_usd = (held + one // 2) / 1_000_000
+    path = _write(_default_stores(config, tmp_path, usd_per_day=budget_usd), tmp_path)
+    fake[1].reset()
+    with serving(path, log) as (_proc, url):
+        events = await rows(tmp_path)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": "wait"}]}
+            refused = await client.post("/v1/chat/completions", json=body)
+            metrics = (await client.get("/metrics")).text
+    assert len(events) == 20
+    assert {(e.state, e.reconciliation_reason) for e in events} == {
+        ("usage_reconciliation_required", "gateway_lost")
+    }
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "budget_exhausted"
+    assert "ncap_reservations_outstanding 20.0" in metrics
+    assert fake[1].stats()["requests"] == 0  # refused before dispatch
+    # a fresh budget of the same size admits it: the refusal came from the 20 holds
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    path = _write(_default_stores(config, fresh, usd_per_day=budget_usd), fresh)
+    fake[1].reset()
+    with serving(path, log) as (_proc, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+            deadline = time.monotonic() + 20
+            while fake[1].stats()["requests"] < 1:
+                assert time.monotonic() < deadline and not task.done(), fake[1].stats()
+                await asyncio.sleep(0.05)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

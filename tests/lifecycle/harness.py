@@ -62,6 +62,8 @@ def harness(
     routes: Mapping[str, tuple[dict[str, Any], ScriptedProvider]],
     *,
     ledger: MemoryLedgerStore | None = None,
+    budgets: MemoryBudgetStore | None = None,
+    **overrides: Any,
 ) -> Harness:
     """Alias ``m`` on the given routes, in order (the first is the primary)."""
     cfg = gateway_config(
@@ -69,6 +71,7 @@ def harness(
         tmp,
         models={"m": list(routes)},
         routes={rid: r for rid, (r, _) in routes.items()},
+        **overrides,
     )
     idle = ScriptedProvider([])  # the base config's own route, never used here
     runtimes = {
@@ -76,7 +79,7 @@ def harness(
         for rid, r in cfg.routes.items()
     }
     ledger = ledger or MemoryLedgerStore()
-    budgets = MemoryBudgetStore()
+    budgets = budgets or MemoryBudgetStore()
     metrics = Metrics()
     accounting = Accounting(cfg, ledger, budgets, instance="test", metrics=metrics)
     sleeps: list[float] = []

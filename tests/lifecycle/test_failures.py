@@ -55,8 +55,44 @@ def test_one_table_maps_each_failure(
     assert (error.status, error.code) == (status, code)
 
 
+ENVELOPE = UpstreamErrorDetail("The server had an error", code=None)
+
+UNBILLED_CASES: list[tuple[AttemptFailed, str, str]] = [
+    # on a route whose contract says error_responses: unbilled
+    (AttemptFailed("status", 500, error=ENVELOPE), "error_answer", "unbilled_error"),
+    (AttemptFailed("status", 502, error=ENVELOPE), "error_answer", "unbilled_error"),
+    # no envelope (an HTML 502, an empty body): nobody said nothing was generated
+    (AttemptFailed("status", 502), "other_status", "upstream_error"),
+    # still ambiguous whatever the contract says
+    (AttemptFailed("timeout"), "timeout", "timeout"),
+    (AttemptFailed("connection"), "connection", "connection_error"),
+    (AttemptFailed("protocol", 200), "unreadable", "upstream_error"),
+    # the other classes do not change
+    (AttemptFailed("status", 503, error=ENVELOPE), "overloaded", "rejected"),
+    (AttemptFailed("status", 400, error=BAD), "request_rejected", "rejected"),
+]
+
+
+@pytest.mark.parametrize(("failure", "cls", "outcome"), UNBILLED_CASES)
+def test_an_error_answer_on_an_unbilled_route_is_an_answer(
+    failure: AttemptFailed, cls: str, outcome: str
+) -> None:
+    assert classify(failure, unbilled_errors=True) == cls
+    assert ledger_outcome(failure, unbilled_errors=True) == outcome
+    # the client's error does not depend on the contract
+    shown, table = client_error(failure), TABLE[cls][1](failure)
+    assert (shown.status, shown.code, shown.message) == (table.status, table.code, table.message)
+
+
+def test_an_error_answer_on_an_unknown_route_stays_an_unknown() -> None:
+    failure = AttemptFailed("status", 500, error=ENVELOPE)
+    assert classify(failure) == "other_status"
+    assert ledger_outcome(failure, unbilled_errors=False) == "upstream_error"
+
+
 def test_every_class_has_a_row() -> None:
-    assert {c for _, c, *_ in CASES} == set(TABLE)
+    classes = {c for _, c, *_ in CASES} | {c for _, c, _ in UNBILLED_CASES}
+    assert classes == set(TABLE)
 
 
 def test_a_relayed_400_keeps_message_and_param() -> None:

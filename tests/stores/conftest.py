@@ -1,11 +1,11 @@
-"""Store fixtures: every contract test runs once per backend (memory, sqlite).
-
-PostgreSQL and Redis join the ``BACKENDS`` lists when their adapters exist.
+"""Store fixtures: every contract test runs once per backend (memory, SQLite, and the
+real PostgreSQL / Redis servers, each test in its own schema / key prefix).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,12 +16,15 @@ from ncap.stores import (
     LedgerStore,
     MemoryBudgetStore,
     MemoryLedgerStore,
+    PostgresLedgerStore,
+    RedisBudgetStore,
     SQLiteBudgetStore,
     SQLiteLedgerStore,
 )
+from tests.services import pg_schema, redis_prefix
 
-BUDGET_BACKENDS = ["memory", "sqlite"]
-LEDGER_BACKENDS = ["memory", "sqlite"]
+BUDGET_BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+LEDGER_BACKENDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
 
 BudgetFactory = Callable[..., BudgetStore]
 
@@ -45,23 +48,26 @@ def clock() -> Clock:
 async def budget_factory(
     request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
 ) -> AsyncIterator[BudgetFactory]:
-    """Makes stores of one backend; sqlite stores made by one factory share a file."""
+    """Makes stores of one backend; stores made by one factory share a file / key prefix."""
     made: list[BudgetStore] = []
+    async with redis_prefix() if request.param == "redis" else _nothing() as url:
 
-    def make(gateway_instance: str = "g1") -> BudgetStore:
-        store: BudgetStore
-        if request.param == "memory":
-            store = MemoryBudgetStore(gateway_instance=gateway_instance, clock=clock)
-        else:
-            store = SQLiteBudgetStore(
-                tmp_path / "budgets.db", gateway_instance=gateway_instance, clock=clock
-            )
-        made.append(store)
-        return store
+        def make(gateway_instance: str = "g1") -> BudgetStore:
+            store: BudgetStore
+            if request.param == "memory":
+                store = MemoryBudgetStore(gateway_instance=gateway_instance, clock=clock)
+            elif request.param == "redis":
+                store = RedisBudgetStore(url, gateway_instance=gateway_instance, clock=clock)
+            else:
+                store = SQLiteBudgetStore(
+                    tmp_path / "budgets.db", gateway_instance=gateway_instance, clock=clock
+                )
+            made.append(store)
+            return store
 
-    yield make
-    for store in made:
-        await store.close()
+        yield make
+        for store in made:
+            await store.close()
 
 
 @pytest.fixture
@@ -71,8 +77,18 @@ async def budgets(budget_factory: BudgetFactory) -> BudgetStore:
 
 @pytest.fixture(params=LEDGER_BACKENDS)
 async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LedgerStore]:
-    store: LedgerStore = (
-        MemoryLedgerStore() if request.param == "memory" else SQLiteLedgerStore(tmp_path / "l.db")
-    )
-    yield store
-    await store.close()
+    async with pg_schema() if request.param == "postgresql" else _nothing() as url:
+        store: LedgerStore
+        if request.param == "memory":
+            store = MemoryLedgerStore()
+        elif request.param == "postgresql":
+            store = PostgresLedgerStore(url)
+        else:
+            store = SQLiteLedgerStore(tmp_path / "l.db")
+        yield store
+        await store.close()
+
+
+@asynccontextmanager
+async def _nothing() -> AsyncIterator[str]:
+    yield ""

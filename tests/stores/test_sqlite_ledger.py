@@ -16,7 +16,7 @@ import pytest
 
 import ncap.stores._sqlite as sqlite_plumbing
 from ncap.config import Pricing
-from ncap.domain.events import LedgerEvent, ReconciliationRow
+from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.stores import DuplicateAttempt, LedgerStore, SQLiteLedgerStore
 
 T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -74,6 +74,28 @@ async def test_append_get_roundtrips_every_column(ledger: LedgerStore) -> None:
     assert got[0].timestamp.tzinfo is not None and got[1].requested_candidate_count is None
     assert got[1].stream_mode is False and got[1].finish_reasons == {}
     assert await ledger.get("nope") == []
+
+
+DENIED_EVENT = event(
+    "req-d",
+    state="denied",
+    policy_result="deny",
+    policy_reason="budget_exhausted",
+    denied_by="tokens_day",
+    denied_limit=1200,
+    denied_amount=318,
+)
+
+
+async def test_denial_details_and_upstream_status_roundtrip(ledger: LedgerStore) -> None:
+    await ledger.append(DENIED_EVENT)
+    await ledger.append(event("req-a"))
+    (denied,) = await ledger.get("req-d")
+    assert denied == DENIED_EVENT
+    (allowed,) = await ledger.get("req-a")
+    assert (allowed.denied_by, allowed.denied_limit, allowed.denied_amount) == (None, None, None)
+    await ledger.update("req-a", 0, state="settled", upstream_status=500)
+    assert (await ledger.get("req-a"))[0].upstream_status == 500
 
 
 async def test_every_attempt_is_its_own_row_and_never_overwritten(ledger: LedgerStore) -> None:
@@ -319,10 +341,41 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
         await store.close()
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert versions == [(1,), (2,), (3,)]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
+
+
+async def test_a_version_1_file_gains_the_denial_columns(tmp_path: Path) -> None:
+    """A ledger written before migration 2 opens, keeps its rows (denial details null)
+    and takes new rows with them."""
+    from ncap.stores.sqlite_ledger import MIGRATIONS
+
+    path = tmp_path / "ledger.db"
+    conn = sqlite_plumbing.connect(path)
+    try:
+        assert sqlite_plumbing.migrate(conn, MIGRATIONS[:1]) == 1
+        new = {"denied_by", "denied_limit", "denied_amount", "upstream_status"}
+        spec = [c for c in LEDGER_COLUMNS if c not in new]
+        old = event("req-old")
+        values = [getattr(old, c) for c in spec]
+        values[spec.index("timestamp")] = "2026-11-29T10:00:00.000000Z"
+        values[spec.index("finish_reasons")] = "{}"
+        conn.execute(
+            f"INSERT INTO ledger_events ({', '.join(spec)}) VALUES ({', '.join('?' * len(spec))})",
+            values,
+        )
+    finally:
+        conn.close()
+    store = SQLiteLedgerStore(path)
+    try:
+        await store.append(DENIED_EVENT)
+        assert await store.get("req-old") == [old]
+        assert await store.get("req-d") == [DENIED_EVENT]
+    finally:
+        await store.close()
 
 
 async def test_export_pages_through_large_ledgers(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from ncap.errors import ConfigError
 from ncap.stores import (
     MemoryBudgetStore,
     MemoryLedgerStore,
+    PostgresLedgerStore,
+    RedisBudgetStore,
     SQLiteBudgetStore,
     SQLiteLedgerStore,
     budgets_from_url,
@@ -50,12 +52,26 @@ def test_absolute_sqlite_path(tmp_path: Path, suffix: str, synchronous: str) -> 
     assert sync == synchronous
 
 
+def test_shared_store_urls() -> None:
+    """Nothing connects until first use, so building them needs no server."""
+    assert isinstance(ledger_from_url("postgresql://ncap@db/ncap?schema=s1"), PostgresLedgerStore)
+    assert isinstance(ledger_from_url("postgres://ncap@db/ncap"), PostgresLedgerStore)
+    budgets = budgets_from_url("redis://localhost:6379/0?prefix=p", gateway_instance="g1")
+    assert isinstance(budgets, RedisBudgetStore) and budgets.quota_scope == "global"
+    assert budgets.prefix == "p"
+    with pytest.raises(ConfigError, match="schema"):
+        ledger_from_url("postgresql://ncap@db/ncap?schema=Bad-Name")
+    for url, factory in (
+        ("redis://localhost:6379/0", ledger_from_url),
+        ("postgresql://ncap@db/ncap", budgets_from_url),
+    ):
+        with pytest.raises(ConfigError, match="is not a"):
+            factory(url)
+
+
 @pytest.mark.parametrize(
     ("url", "needle"),
     [
-        ("postgresql://ncap@db/ncap", "not available in this build yet"),
-        ("postgres://ncap@db/ncap", "not available in this build yet"),
-        ("redis://localhost:6379/0", "not available in this build yet"),
         ("sqlite://host/ledger.db", "sqlite:///relative/path"),
         ("sqlite:///:memory:", "memory://"),
         ("sqlite:///x.db?synchronous=off", "synchronous"),

@@ -349,17 +349,22 @@ async def test_truncated_stream_ends_cleanly_without_finish_usage_or_done(
 
 
 async def test_first_chunk_then_pause(upstream: FakeUpstream, http: aiohttp.ClientSession) -> None:
-    headers = {"x-fake-fault": "first_chunk_then_pause", "x-fake-pause-ms": "400"}
+    # timed from before the request is sent: the pause starts on the server after that,
+    # so the rest can never arrive sooner than the pause (causality, not machine speed);
+    # the first event must come well before the rest (half the pause of slack for load)
+    pause = 0.8
+    headers = {"x-fake-fault": "first_chunk_then_pause", "x-fake-pause-ms": str(pause * 1000)}
+    started = time.perf_counter()
     async with http.post(
         upstream.base_url + "/chat/completions", json=_body(stream=True), headers=headers
     ) as reply:
-        started = time.perf_counter()
         first = await reply.content.readuntil(b"\n\n")
         first_at = time.perf_counter() - started
         rest = await reply.read()
         rest_at = time.perf_counter() - started
     assert json.loads(first.decode().removeprefix("data: "))["choices"][0]["delta"]["role"]
-    assert first_at < 0.3 and rest_at >= 0.4
+    assert rest_at >= pause, rest_at
+    assert rest_at - first_at > pause / 2, (first_at, rest_at)
     assert _events(rest)[-1] == "[DONE]"
 
 

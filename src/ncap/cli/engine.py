@@ -36,6 +36,9 @@ def serve(
     n_ctx: Annotated[int, typer.Option(help="KV cache cells (context per sequence)")] = 8192,
     max_sequences: Annotated[int, typer.Option(help="Sequences decoded together")] = 32,
     max_queue: Annotated[int, typer.Option(help="Waiting requests before 503")] = 64,
+    prefix_cache_tokens: Annotated[
+        int, typer.Option(help="Prompt tokens kept for reuse across requests (0: off)")
+    ] = 4096,
     route: Annotated[
         str | None, typer.Option(help="Take the settings of this local route of --config")
     ] = None,
@@ -49,7 +52,14 @@ def serve(
     from ncap.engine import Engine, EngineSettings
     from ncap.engine.server import create_engine_app
 
-    settings = EngineSettings(model_path, n_ctx, max_sequences, max_queue, threads)
+    settings = EngineSettings(
+        model_path,
+        n_ctx,
+        max_sequences,
+        max_queue,
+        threads,
+        prefix_cache_tokens=prefix_cache_tokens,
+    )
     if route is not None:
         settings = _route_settings(config, route)
     try:

@@ -68,14 +68,23 @@ def serve(
     config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option(help="Bind address")] = None,
     port: Annotated[int | None, typer.Option(help="Port")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Gateway processes on this port (shared stores only)")
+    ] = 1,
+    reuse_port: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> None:
     """Run the gateway."""
     from aiohttp import web
 
+    from ncap.cli.workers import refuse_unshared, supervise
     from ncap.http.app import create_app
 
     cfg = load_or_exit(config)
     _warn(cfg, config)
+    refusal = refuse_unshared(cfg, workers)
+    if refusal is not None:
+        err.print(f"[red]refusing to start[/red]: {refusal}", highlight=False)
+        raise typer.Exit(2)
     server = cfg.server.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
@@ -86,9 +95,21 @@ def serve(
             "with no API keys configured (create one with `ncap keys create`)."
         )
         raise typer.Exit(2)
+    if workers > 1:
+        args = ["--host", server.host, "--port", str(server.port)]
+        args += ["--config", str(config)] if config else []
+        err.print(f"ncap: {workers} workers on http://{server.host}:{server.port}")
+        raise typer.Exit(supervise(args, workers))
     _use_uvloop()
     err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
-    web.run_app(create_app(cfg), host=server.host, port=server.port, access_log=None, print=None)
+    web.run_app(
+        create_app(cfg),
+        host=server.host,
+        port=server.port,
+        access_log=None,
+        print=None,
+        reuse_port=reuse_port or None,
+    )
 
 
 def _use_uvloop() -> None:
@@ -184,9 +205,16 @@ def fake_upstream(
 
 def _mount() -> None:
     from ncap.cli.ledger import ledger_app, reconcile_app
+    from ncap.cli.stores import migrate
 
     app.add_typer(ledger_app, name="ledger")
     app.add_typer(reconcile_app, name="reconcile")
+    app.command("migrate")(migrate)
+    from ncap.cli.reports import audit, generate, report_app
+
+    app.command("audit")(audit)
+    app.add_typer(report_app, name="report")
+    ledger_app.command("generate")(generate)
 
 
 _mount()

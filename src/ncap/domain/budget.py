@@ -10,6 +10,8 @@ spans its whole life; concurrency counts held slots. Fixed buckets are what a Re
 script can keep exactly, at the price of allowing up to twice a per-minute limit
 across a minute boundary. When several windows refuse, the error that retrying
 cannot fix wins (budgets first), so a client is never told to retry into a wall.
+Each refusal names its window (``Refusal``: the window, its limit, the amount that did
+not fit, in the window's unit) for the denial row and ``ncap_budget_exhausted_total``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from datetime import UTC, datetime, timedelta
 
 from ncap.config import ExceptionGrant, Workload
 from ncap.domain.money import format_usd, micros_from_usd
-from ncap.errors import BudgetExhausted, ConcurrencyLimitExceeded, RateLimited, RateLimitExceeded
+from ncap.errors import (
+    BudgetExhausted,
+    ConcurrencyLimitExceeded,
+    RateLimited,
+    RateLimitExceeded,
+    Refusal,
+)
 
 __all__ = [
     "CONCURRENCY_RETRY_AFTER_S",
@@ -134,6 +142,7 @@ def admit(
             f"Workload '{workload_id}' already has {usage.in_flight} request(s) in flight, "
             f"its limit is {windows.max_concurrency}. Retry shortly.",
             retry_after=CONCURRENCY_RETRY_AFTER_S,
+            refusal=Refusal("concurrency", windows.max_concurrency, 1),
         )
 
 
@@ -147,17 +156,18 @@ def _budget_error(
 ) -> RateLimited | None:
     exception_budget = windows.exception_budget_micros if exception_id else None
     checks = (
-        (f"exception '{exception_id}' budget", exception_budget, usage.cost_exception, None),
-        ("monthly USD budget", windows.usd_per_month_micros, usage.cost_month, None),
-        ("daily USD budget", windows.usd_per_day_micros, usage.cost_day, buckets),
+        ("exception", f"exception '{exception_id}' budget", exception_budget, usage.cost_exception),
+        ("usd_micros_month", "monthly USD budget", windows.usd_per_month_micros, usage.cost_month),
+        ("usd_micros_day", "daily USD budget", windows.usd_per_day_micros, usage.cost_day),
     )
-    for label, limit, used, resets in checks:
+    for window, label, limit, used in checks:
         if limit is not None and used + amounts.cost_micros > limit:
             return _exhausted(
                 f"Workload '{workload_id}': the {label} of {format_usd(limit)} cannot cover "
                 f"this request's reservation of {format_usd(amounts.cost_micros)} "
                 f"({format_usd(used)} already spent or held).",
-                resets,
+                buckets if window == "usd_micros_day" else None,
+                Refusal(window, limit, amounts.cost_micros),
             )
     limit = windows.tokens_per_day
     if limit is not None and usage.tokens_day + amounts.tokens > limit:
@@ -166,14 +176,15 @@ def _budget_error(
             f"request's reservation of {amounts.tokens} tokens ({usage.tokens_day} already "
             "used or held).",
             buckets,
+            Refusal("tokens_day", limit, amounts.tokens),
         )
     return None
 
 
-def _exhausted(message: str, resets: Buckets | None) -> BudgetExhausted:
+def _exhausted(message: str, resets: Buckets | None, refusal: Refusal) -> BudgetExhausted:
     hint = " Lower n or max_completion_tokens, or wait for the budget period to reset."
     retry = resets.seconds_to_next_day() if resets else None
-    return BudgetExhausted(message + hint, retry_after=retry)
+    return BudgetExhausted(message + hint, retry_after=retry, refusal=refusal)
 
 
 def _rate_error(
@@ -188,7 +199,8 @@ def _rate_error(
         return BudgetExhausted(
             f"Workload '{workload_id}': this request reserves {amounts.tokens} tokens, more "
             f"than its whole per-minute limit of {tpm}; it can never be admitted. Lower n or "
-            "max_completion_tokens."
+            "max_completion_tokens.",
+            refusal=Refusal("tokens_minute", tpm, amounts.tokens),
         )
     wait = buckets.seconds_to_next_minute()
     if tpm is not None and usage.tokens_minute + amounts.tokens > tpm:
@@ -196,10 +208,12 @@ def _rate_error(
             f"Workload '{workload_id}': the tokens-per-minute limit of {tpm} is reached "
             f"({usage.tokens_minute} used or held, {amounts.tokens} requested).",
             retry_after=wait,
+            refusal=Refusal("tokens_minute", tpm, amounts.tokens),
         )
     if rpm is not None and usage.requests_minute + 1 > rpm:
         return RateLimitExceeded(
             f"Workload '{workload_id}': the requests-per-minute limit of {rpm} is reached.",
             retry_after=wait,
+            refusal=Refusal("requests_minute", rpm, 1),
         )
     return None

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Literal
 
 from ncap.config import Contract, Fingerprint
-from ncap.errors import PolicyDenied, RouteContractStale, RouteDoesNotSupportCandidates
+from ncap.errors import PolicyDenied, Refusal, RouteContractStale, RouteDoesNotSupportCandidates
 
 __all__ = ["CandidatesMode", "candidates_mode", "check_route", "fallback_allowed"]
 
@@ -66,12 +66,14 @@ def _supporting(contract: Contract | None, route_id: str, n: int) -> Contract:
             f"Route '{route_id}' has no verified contract for n > 1, so the gateway "
             "refuses rather than silently returning fewer candidates. Send n=1.",
             param="n",
+            refusal=Refusal("route_max_candidates", 1, n),
         )
     if n > contract.max_candidates:
         raise RouteDoesNotSupportCandidates(
             f"Route '{route_id}' is verified for at most {contract.max_candidates} "
             f"candidate(s); n={n} was requested. Send n <= {contract.max_candidates}.",
             param="n",
+            refusal=Refusal("route_max_candidates", contract.max_candidates, n),
         )
     return contract
 

@@ -57,6 +57,9 @@ AttemptOutcome = Literal[
     "timeout",  # no answer in time: the provider may still have generated and billed
     "connection_error",  # the connection failed after the request was sent
     "upstream_error",  # 5xx or an unreadable body after dispatch: billing unknown
+    # a well-formed error answer (5xx with an error envelope) from a route whose contract
+    # says such answers are unbilled (``error_responses: unbilled``): settled at zero
+    "unbilled_error",
     "gateway_lost",  # the gateway died with the attempt in flight
 ]
 UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_required")
@@ -64,7 +67,8 @@ UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_req
 
 @dataclass(frozen=True, slots=True)
 class LedgerEvent:
-    """One attempt, exactly the columns of SPEC §7 (in its order)."""
+    """One attempt: the columns of SPEC §7 in its order, then ncap's own (``denied_*``,
+    ``upstream_status``)."""
 
     timestamp: datetime
     request_id: str
@@ -98,6 +102,15 @@ class LedgerEvent:
     reconciliation_reason: str | None = None
     gateway_instance: str = ""
     latency_ms: float | None = None
+    # extensions after SPEC §7's columns: what refused a denied request (null otherwise):
+    # the limit's name (a budget window, max_candidates, output_ceiling, a field), its
+    # value, and what the request needed of it, in the limit's unit
+    denied_by: str | None = None
+    denied_limit: int | None = None
+    denied_amount: int | None = None
+    # the HTTP status a failed attempt's upstream answered with (null: it answered, or
+    # sent no status: a timeout, a reset, a cut stream)
+    upstream_status: int | None = None
 
 
 LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerEvent))
@@ -137,9 +150,10 @@ def settle(
 
     Settled only with usage *and* exactly the effective number of choices. A stream
     without usage stays ``pending`` (held, not zero); any other doubt is
-    ``usage_reconciliation_required``. A 4xx refusal settles at zero: nothing ran.
+    ``usage_reconciliation_required``. A 4xx refusal, and an error answer the route's
+    contract calls unbilled, settle at zero: nothing ran.
     """
-    if outcome == "rejected":
+    if outcome in ("rejected", "unbilled_error"):
         return Settlement("settled", None)
     usage_usable = usage_present and outcome in ("completed", "stream_cut")
     if usage_usable and returned_n == effective_n:

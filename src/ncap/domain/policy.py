@@ -34,6 +34,7 @@ from ncap.errors import (
     CandidatesWithGreedySampling,
     OutputCeilingExceedsPolicy,
     PolicyDenied,
+    Refusal,
 )
 
 __all__ = ["CeilingParam", "Decision", "active_exceptions", "decide"]
@@ -160,6 +161,7 @@ def _count_error(
         "for a reviewed candidate-count exception for this workload (owner, maximum, "
         f"output ceiling, budget and expiry).{hard} Do not retry this request unchanged.",
         param="n",
+        refusal=Refusal("max_candidates", max_allowed, effective),
     )
 
 
@@ -193,5 +195,6 @@ def _ceiling_error(
                 f"{policy_ceiling} tokens for workload '{workload_id}'; the gateway "
                 f"rejects rather than clamps. Send {name} <= {policy_ceiling}.",
                 param=name,
+                refusal=Refusal("output_ceiling", policy_ceiling, value),
             )
     return None

@@ -4,6 +4,11 @@ llama.cpp's ``llama_chat_apply_template`` pattern-matches known templates instea
 running them and drops details such as SmolLM2's default system prompt, so the template
 is rendered the way Hugging Face does it: jinja2 (sandboxed), ``trim_blocks``,
 ``lstrip_blocks``, ``add_generation_prompt=True``.
+
+Tools: a template that uses ``tools`` gets them (and the messages' ``tool_calls`` and
+``tool_call_id``) as Hugging Face passes them. Others, such as SmolLM2's plain ChatML, get
+the ChatML fallback: the tool signatures appended to the system message, an assistant's
+calls written as ``<tool_call>`` blocks, and tool results as ``<tool_response>`` user turns.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ncap.engine.tools import ToolSpec, call_markup, tools_system_block
 from ncap.errors import InvalidType, InvalidValue
 
 __all__ = ["CHATML", "ChatTemplate", "normalize_messages"]
@@ -40,11 +46,19 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(source or CHATML)
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
+        self.native_tools = source is not None and "tools" in source
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: ToolSpec | None = None) -> str:
+        extra: dict[str, Any] = {}
+        if self.native_tools:
+            normalized = normalize_messages(messages, keep_calls=True)
+            if tools is not None:
+                extra["tools"] = [t.definition() for t in tools.tools]
+        else:
+            normalized = _chatml_tools(normalize_messages(messages, keep_calls=True), tools)
         try:
             return self._template.render(
-                messages=normalize_messages(messages), add_generation_prompt=True, **self._special
+                messages=normalized, add_generation_prompt=True, **self._special, **extra
             )
         except jinja2.TemplateError as exc:
             raise InvalidValue(
@@ -52,12 +66,40 @@ class ChatTemplate:
             ) from exc
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """Messages as the template expects them: a known role and plain-text content."""
-    return [
-        {"role": _role(m, i), "content": _content(m.get("content"), i)}
-        for i, m in enumerate(messages)
-    ]
+def normalize_messages(
+    messages: Sequence[Mapping[str, Any]], *, keep_calls: bool = False
+) -> list[dict[str, Any]]:
+    """Messages as the template expects them: a known role and plain-text content (and,
+    with ``keep_calls``, an assistant's ``tool_calls`` and a tool result's id)."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        entry: dict[str, Any] = {"role": _role(m, i), "content": _content(m.get("content"), i)}
+        if keep_calls and m.get("tool_calls"):
+            entry["tool_calls"] = list(m["tool_calls"])
+        if keep_calls and m.get("tool_call_id"):
+            entry["tool_call_id"] = m["tool_call_id"]
+        out.append(entry)
+    return out
+
+
+def _chatml_tools(messages: list[dict[str, Any]], tools: ToolSpec | None) -> list[dict[str, Any]]:
+    """The ChatML fallback for a template without tool support (see the module doc)."""
+    out = []
+    for m in messages:
+        calls = m.pop("tool_calls", None)
+        m.pop("tool_call_id", None)
+        if calls:
+            m["content"] = "\n".join(filter(None, [m["content"], call_markup(calls)]))
+        if m["role"] == "tool":
+            m = {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+        out.append(m)
+    if tools is not None:
+        block = tools_system_block(tools)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{block}"
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out
 
 
 def _role(message: Mapping[str, Any], i: int) -> str:

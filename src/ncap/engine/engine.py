@@ -36,6 +36,7 @@ from ncap.engine.scheduler import (
     Scheduler,
     SchedulerSettings,
 )
+from ncap.engine.tools import tool_grammar
 from ncap.errors import ContextLengthExceeded, InvalidValue
 
 __all__ = ["Engine", "EngineSettings", "RequestStream"]
@@ -49,6 +50,7 @@ class EngineSettings:
     max_queue: int = 64
     threads: int | None = None
     prefill_chunk: int = 256
+    prefix_cache_tokens: int = 0
 
     def scheduler(self) -> SchedulerSettings:
         return SchedulerSettings(
@@ -57,6 +59,7 @@ class EngineSettings:
             max_queue=self.max_queue,
             threads=self.threads or os.cpu_count() or 1,
             prefill_chunk=self.prefill_chunk,
+            prefix_cache_tokens=self.prefix_cache_tokens,
         )
 
 
@@ -122,6 +125,10 @@ class Engine:
     def stats(self) -> EngineStats:
         return self._scheduler.stats()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt (benchmarks start cold; the next request pays)."""
+        self._scheduler.drop_prefix_cache()
+
     def close(self) -> None:
         self._scheduler.close()
         self.model.close()
@@ -131,7 +138,7 @@ class Engine:
     def prompt_tokens(self, params: GenerationParams) -> list[int]:
         """The prompt as the model sees it: the chat template rendered, or the raw prompt."""
         if params.messages is not None:
-            return self.model.tokenize(self._template.render(params.messages))
+            return self.model.tokenize(self._template.render(params.messages, params.tools))
         return self.model.tokenize(params.prompt or "", add_special=self.model.add_bos)
 
     def prepare(self, params: GenerationParams) -> PreparedRequest:
@@ -140,6 +147,8 @@ class Engine:
         max_new = self._max_new(params, len(tokens))
         self._check(params)
         grammar = compile_grammar(params.json) if params.json is not None else None
+        if params.tools is not None:
+            grammar = tool_grammar(params.tools)
         if grammar is not None:
             self._check_grammar(params, grammar)
         base = base_seed(params.seed)
@@ -218,6 +227,7 @@ def _apply(choices: list[ChoiceResult], events: list[Event]) -> RequestDone | No
             choice.text += event.text
             if event.logprobs is not None and choice.logprobs is not None:
                 choice.logprobs.extend(event.logprobs)
+            choice.tool_calls.extend(event.tool_calls)
             if event.finish_reason is not None:
                 choice.finish_reason = event.finish_reason
         elif isinstance(event, RequestDone):
@@ -229,4 +239,4 @@ def _completion(choices: list[ChoiceResult], done: RequestDone) -> Completion:
     for choice, tokens, mean in zip(choices, done.choice_tokens, done.mean_logprobs, strict=True):
         choice.tokens = tokens
         choice.mean_logprob = mean
-    return Completion(choices, done.prompt_tokens, done.completion_tokens)
+    return Completion(choices, done.prompt_tokens, done.completion_tokens, done.cached_tokens)

@@ -6,8 +6,9 @@ event loop, which turns them into wire chunks (``ncap.engine.wire``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ncap.engine.tools import ParsedCall
 from ncap.errors import NcapError
 
 __all__ = [
@@ -48,6 +49,7 @@ class ChoiceDelta:
     text: str
     logprobs: tuple[TokenInfo, ...] | None = None
     finish_reason: str | None = None
+    tool_calls: tuple[ParsedCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class RequestDone:
     prompt_tokens: int
     choice_tokens: tuple[int, ...]
     mean_logprobs: tuple[float, ...]
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not evaluated
 
     @property
     def completion_tokens(self) -> int:
@@ -79,6 +82,7 @@ class ChoiceResult:
     logprobs: list[TokenInfo] | None = None
     tokens: int = 0
     mean_logprob: float = float("-inf")
+    tool_calls: list[ParsedCall] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -88,3 +92,4 @@ class Completion:
     choices: list[ChoiceResult]
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0

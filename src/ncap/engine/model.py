@@ -25,6 +25,7 @@ class ContextSettings:
     n_seq_max: int
     n_batch: int
     threads: int
+    n_ubatch: int = 0  # 0: n_batch
 
 
 class LlamaModel:
@@ -78,7 +79,7 @@ class LlamaModel:
         params = lib.llama_context_default_params()
         params.n_ctx = settings.n_ctx
         params.n_batch = settings.n_batch
-        params.n_ubatch = settings.n_batch
+        params.n_ubatch = settings.n_ubatch or settings.n_batch
         params.n_seq_max = settings.n_seq_max
         params.kv_unified = True
         params.n_threads = settings.threads

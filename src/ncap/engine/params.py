@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncap.engine.tools import ToolSpec, tool_spec
 from ncap.errors import InvalidType, InvalidValue
 
 __all__ = ["GenerationParams", "JsonGrammar", "LegacyRequest", "chat_params", "completion_params"]
@@ -44,6 +45,7 @@ class GenerationParams:
     json: JsonGrammar | None = None
     # score every sampled token even without logprobs (best_of ranks by it)
     score: bool = False
+    tools: ToolSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +62,21 @@ def chat_params(body: Mapping[str, Any]) -> GenerationParams:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidValue("messages must be a non-empty list", param="messages")
-    if body.get("tools") and body.get("tool_choice") != "none":
-        raise InvalidValue("the local engine does not support tools", param="tools")
+    tools = tool_spec(body)
+    json_format = _response_format(body.get("response_format"))
+    if tools is not None and json_format is not None:
+        raise InvalidValue(
+            "the local engine cannot combine tools with a JSON response_format",
+            param="response_format",
+        )
     return GenerationParams(
         messages=tuple(messages),
         n=_int(body, "n", 1),
         max_tokens=_max_tokens(body),
         logprobs=bool(body.get("logprobs") or False),
         top_logprobs=_int(body, "top_logprobs", 0),
-        json=_response_format(body.get("response_format")),
+        json=json_format,
+        tools=tools,
         **_sampling(body),
     )
 

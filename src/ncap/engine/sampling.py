@@ -126,7 +126,8 @@ class SamplerChain:
     def _add_grammar(self, grammar: str) -> None:
         sampler = self._lib.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
         if not sampler:
-            raise InvalidValue("the response format's grammar is invalid", param="response_format")
+            param = "tools" if self._params.tools is not None else "response_format"
+            raise InvalidValue(f"the grammar built from {param} is invalid", param=param)
         self._add(sampler)
 
     def _add_draw(self, seed: int) -> None:

@@ -20,6 +20,11 @@ of cells; a request that alone needs more than the whole cache runs alone and it
 choices end with ``length`` if the cache fills. Results go back to the caller through a
 ``Sink`` (a callable the caller makes thread-safe); cancelling a request frees its
 sequences at the start of the next step.
+
+With a prefix cache (``ncap.engine.prefix_cache``), a request's prefill starts after the
+longest prefix of its prompt that a recent prompt left in the cache, and its own prompt
+is kept there once evaluated. In a tool request each choice's text goes through a
+``ToolChoiceText``, which turns a finished call into ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from typing import Any
 from ncap.engine.events import ChoiceDelta, Event, RequestDone, RequestFailed, TokenInfo
 from ncap.engine.model import ContextSettings, LlamaModel
 from ncap.engine.params import GenerationParams
+from ncap.engine.prefix_cache import PrefixCache, common_prefix
 from ncap.engine.sampling import LogitsRow, SamplerChain, logits_row, token_info
 from ncap.engine.text import ChoiceText
+from ncap.engine.tools import ToolChoiceText
 from ncap.errors import NcapError, Overloaded
 from ncap.logsafe import log_internal_error
 
@@ -54,6 +61,9 @@ class SchedulerSettings:
     max_queue: int = 64
     threads: int = 2
     prefill_chunk: int = 256
+    prefix_cache_tokens: int = 0
+    # sequence ids kept for prefix-cache entries (beyond max_sequences; at most 256 in all)
+    prefix_cache_entries: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +94,9 @@ class EngineStats:
     decode_steps: int = 0
     tokens_generated: int = 0
     requests_completed: int = 0
+    prompt_tokens_cached: int = 0
+    prefix_cache_tokens: int = 0
+    prefix_cache_entries: int = 0
     queue_depth: int = 0
     running_requests: int = 0
     live_sequences: int = 0
@@ -103,6 +116,7 @@ class _Sequence:
     logprob_sum: float = 0.0
     out_text: list[str] = field(default_factory=list)
     out_logprobs: list[TokenInfo] = field(default_factory=list)
+    tools: ToolChoiceText | None = None
 
     @property
     def live(self) -> bool:
@@ -117,6 +131,8 @@ class Job:
     sink: Sink
     sequences: list[_Sequence] = field(default_factory=list)
     prefilled: int = 0
+    cached: int = 0
+    looked_up: bool = False
     cancelled: bool = False
     finished: bool = False
 
@@ -127,6 +143,24 @@ class Job:
     @property
     def prefill_done(self) -> bool:
         return self.prefilled >= len(self.prepared.tokens)
+
+
+# a shared prefix shorter than this is not worth waiting for another request's prefill
+_MIN_WAIT = 32
+# llama.cpp's CPU flash attention takes a tiled path for 64 or more query rows in a
+# ubatch, whose sums depend on where the cells sit in the cache; below that, every row
+# attends over its visible cells in order, so a prompt whose prefix came from the cache
+# computes the same bits as one evaluated whole (docs/decisions.md, issue 12)
+_UBATCH = 48
+# a one-row ubatch takes yet another attention kernel (split over the KV cells, so its
+# sums depend on the cache's size): a reused prompt's tail is at least two tokens
+_MIN_TAIL = 2
+
+
+def _cache_slots(settings: SchedulerSettings) -> int:
+    if settings.prefix_cache_tokens <= 0:
+        return 0
+    return max(0, min(settings.prefix_cache_entries, 256 - settings.max_sequences))
 
 
 class _Batch:
@@ -167,18 +201,25 @@ class Scheduler:
         self._lib = model.lib
         self.settings = settings
         self._n_batch = max(512, settings.prefill_chunk) + settings.max_sequences
+        slots = _cache_slots(settings)
+        n_seq = settings.max_sequences + slots
         self._ctx = model.new_context(
-            ContextSettings(settings.n_ctx, settings.max_sequences, self._n_batch, settings.threads)
+            ContextSettings(settings.n_ctx, n_seq, self._n_batch, settings.threads, _UBATCH)
         )
         self.capacity: int = self._lib.llama_n_ctx(self._ctx)
         self._mem = self._lib.llama_get_memory(self._ctx)
         self._batch = _Batch(self._lib, self._n_batch, settings.max_sequences)
+        budget = min(settings.prefix_cache_tokens, self.capacity) if slots else 0
+        self._cache = PrefixCache(
+            self._lib, self._mem, range(settings.max_sequences, n_seq), budget
+        )
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
         self._running: list[Job] = []
         self._free_ids: deque[int] = deque(range(settings.max_sequences))
         self._reserved = 0
         self._stopping = False
+        self._drop_cache = False
         self._stats = EngineStats()
         self._thread = threading.Thread(target=self._run, name="ncap-engine", daemon=True)
         self._thread.start()
@@ -208,9 +249,17 @@ class Scheduler:
                 self._pending.remove(job)
             self._cond.notify()
 
+    def drop_prefix_cache(self) -> None:
+        """Forget every cached prefix (done by the scheduler thread before its next step)."""
+        with self._cond:
+            self._drop_cache = True
+            self._cond.notify()
+
     def stats(self) -> EngineStats:
         with self._cond:
             self._stats.queue_depth = len(self._pending)
+            self._stats.prefix_cache_tokens = self._cache.tokens
+            self._stats.prefix_cache_entries = self._cache.entries
         s = self._stats
         return EngineStats(**{k: getattr(s, k) for k in EngineStats.__slots__})
 
@@ -227,10 +276,13 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._pending or self._running):
+                while not (self._stopping or self._pending or self._running or self._drop_cache):
                     self._cond.wait()
                 if self._stopping:
                     break
+                drop, self._drop_cache = self._drop_cache, False
+                while drop and self._cache.evict_oldest():
+                    pass
                 admitted = self._admit_locked()
             for job in admitted:
                 self._start(job)
@@ -250,16 +302,25 @@ class Scheduler:
     def _admit_locked(self) -> list[Job]:
         """FIFO admission while the head fits in free sequence ids and reserved KV cells."""
         admitted: list[Job] = []
+        ids = len(self._free_ids)  # ids are taken in _start, after this loop
         while self._pending:
             job = self._pending[0]
             alone = not self._running and not admitted
-            fits = self._reserved + job.prepared.reserve <= self.capacity
-            if len(self._free_ids) < job.prepared.n or not (fits or alone):
+            fits = self._fits(job.prepared.reserve)
+            if ids < job.prepared.n or not (fits or alone):
                 break
+            ids -= job.prepared.n
             self._pending.popleft()
             self._reserved += job.prepared.reserve
             admitted.append(job)
         return admitted
+
+    def _fits(self, reserve: int) -> bool:
+        """Room for ``reserve`` more cells, evicting cached prefixes (oldest first) for it."""
+        while self._reserved + self._cache.tokens + reserve > self.capacity:
+            if not self._cache.evict_oldest():
+                return False
+        return True
 
     def _start(self, job: Job) -> None:
         """Give the job its sequence ids and samplers (built here: this thread owns them)."""
@@ -271,7 +332,9 @@ class Scheduler:
                     self._lib, model.vocab, model.n_vocab, p.params, seed=seed, grammar=p.grammar
                 )
                 seq_id = self._free_ids.popleft()
-                job.sequences.append(_Sequence(i, seq_id, sampler, ChoiceText(p.params.stop)))
+                seq = _Sequence(i, seq_id, sampler, ChoiceText(p.params.stop))
+                seq.tools = ToolChoiceText() if p.params.tools is not None else None
+                job.sequences.append(seq)
         except NcapError as exc:
             self._drop(job)
             job.sink([RequestFailed(exc)])
@@ -297,6 +360,8 @@ class Scheduler:
         self._stats.prompt_tokens_evaluated += batch.size - len(decode_rows)
         for job, end, _row in chunks:
             job.prefilled = end
+            if job.prefill_done and job.sequences:
+                self._cache.store(job.sequences[0].seq_id, job.prepared.tokens)
         prefill_rows = [(job, row) for job, _end, row in chunks if job.prefill_done]
         self._sample_all(decode_rows, prefill_rows)
 
@@ -310,6 +375,8 @@ class Scheduler:
         for job in self._running:
             if job.prefill_done or budget <= 0:
                 continue
+            if not job.looked_up and not self._reuse_prefix(job):
+                continue
             tokens, ids = job.prepared.tokens, [s.seq_id for s in job.sequences]
             end = min(len(tokens), job.prefilled + budget)
             row = -1
@@ -318,6 +385,29 @@ class Scheduler:
             budget -= end - job.prefilled
             chunks.append((job, end, row))
         return chunks
+
+    def _reuse_prefix(self, job: Job) -> bool:
+        """Start the job's prefill from the longest cached prefix of its prompt; False
+        (wait) while another request is still prefilling a longer shared prefix, which
+        the cache will hold once it is done (fan-out branches, concurrent same-prompt
+        calls). The last ``_MIN_TAIL`` prompt tokens are always evaluated (the last gives the
+        logits; see ``_MIN_TAIL``)."""
+        tokens = job.prepared.tokens
+        if not self._cache.enabled:
+            job.looked_up = True
+            return True
+        hit = self._cache.lookup(tokens, len(tokens) - _MIN_TAIL)
+        have = hit.length if hit is not None else 0
+        for other in self._running:
+            busy = other is not job and other.looked_up and not other.prefill_done
+            if busy and common_prefix(other.prepared.tokens, tokens) > max(have, _MIN_WAIT):
+                return False
+        job.looked_up = True
+        if hit is not None:
+            self._cache.copy_into(hit, [s.seq_id for s in job.sequences])
+            job.prefilled = job.cached = hit.length
+            self._stats.prompt_tokens_cached += hit.length
+        return True
 
     def _sample_all(
         self, decode_rows: list[tuple[Job, _Sequence, int]], prefill_rows: list[tuple[Job, int]]
@@ -385,6 +475,7 @@ class Scheduler:
                     len(job.prepared.tokens),
                     tuple(s.n_tokens for s in job.sequences),
                     tuple(s.logprob_sum / max(1, s.n_tokens) for s in job.sequences),
+                    job.cached,
                 )
             )
             self._stats.requests_completed += 1
@@ -398,6 +489,9 @@ class Scheduler:
         text = "".join(seq.out_text)
         seq.out_text.clear()
         done = seq.finish_reason is not None
+        calls = None
+        if seq.tools is not None:
+            text, calls = seq.tools.feed(text, done)
         if not text and not done:
             return None
         logprobs = None
@@ -405,6 +499,8 @@ class Scheduler:
             logprobs = tuple(seq.out_logprobs)
             seq.out_logprobs.clear()
         seq.reported = done
+        if calls:
+            return ChoiceDelta(seq.index, text, logprobs, "tool_calls", tuple(calls))
         return ChoiceDelta(seq.index, text, logprobs, seq.finish_reason)
 
     def _drop(self, job: Job) -> None:
@@ -443,6 +539,7 @@ class Scheduler:
             self._drop(job)
             job.sink([RequestFailed(error)])
         self._lib.llama_memory_clear(self._mem, True)
+        self._cache.forget()
         self._update_gauges()
 
     def _update_gauges(self) -> None:

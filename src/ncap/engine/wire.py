@@ -28,15 +28,19 @@ from ncap.protocol.responses import (
     ChunkChoice,
     CompletionTokensDetails,
     Delta,
+    FunctionCall,
     Message,
     PromptTokensDetails,
     ResponseSummary,
     SummaryChoice,
     SummaryUsage,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
+from ncap.protocol.responses import SummaryUsageDetails as _SummaryDetails
 
 __all__ = [
     "ChatChunks",
@@ -68,13 +72,13 @@ def sse(payload: msgspec.Struct | bytes) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
     return Usage(
         completion_tokens=completion_tokens,
         prompt_tokens=prompt_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         completion_tokens_details=CompletionTokensDetails(reasoning_tokens=0),
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=0),
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
 
 
@@ -91,8 +95,14 @@ def summarize(
             prompt_tokens=use.prompt_tokens,
             completion_tokens=use.completion_tokens,
             total_tokens=use.total_tokens,
+            prompt_tokens_details=_SummaryDetails(cached_tokens=_cached(use)),
         ),
     )
+
+
+def _cached(use: Usage) -> int:
+    details = use.prompt_tokens_details
+    return details.cached_tokens if isinstance(details, PromptTokensDetails) else 0
 
 
 def _token_logprob(info: TokenInfo) -> TokenLogprob:
@@ -110,6 +120,20 @@ def _choice_logprobs(infos: Iterable[TokenInfo] | None) -> ChoiceLogprobs | None
     return ChoiceLogprobs(content=[_token_logprob(i) for i in infos], refusal=None)
 
 
+def _message(c: ChoiceResult) -> Message:
+    if not c.tool_calls:
+        return Message(content=c.text, refusal=None)
+    calls = [ToolCall(t.id, "function", FunctionCall(t.name, t.arguments)) for t in c.tool_calls]
+    return Message(content=c.text or None, refusal=None, tool_calls=calls)
+
+
+def _call_deltas(d: ChoiceDelta) -> list[ToolCallDelta]:
+    return [
+        ToolCallDelta(k, t.id, "function", {"name": t.name, "arguments": t.arguments})
+        for k, t in enumerate(d.tool_calls)
+    ]
+
+
 def chat_completion(done: Completion, *, id_: str, model: str, created: int) -> ChatCompletion:
     return ChatCompletion(
         id=id_,
@@ -117,14 +141,14 @@ def chat_completion(done: Completion, *, id_: str, model: str, created: int) -> 
             Choice(
                 finish_reason=c.finish_reason,  # type: ignore[arg-type]
                 index=c.index,
-                message=Message(content=c.text, refusal=None),
+                message=_message(c),
                 logprobs=_choice_logprobs(c.logprobs),
             )
             for c in done.choices
         ],
         created=created,
         model=model,
-        usage=usage(done.prompt_tokens, done.completion_tokens),
+        usage=usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens),
     )
 
 
@@ -159,15 +183,20 @@ class ChatChunks:
         if d.text or d.logprobs:
             lp = _choice_logprobs(d.logprobs)
             out.append(self._chunk([ChunkChoice(Delta(content=d.text), None, d.index, lp)]))
+        if d.tool_calls:
+            delta = Delta(tool_calls=_call_deltas(d))
+            out.append(self._chunk([ChunkChoice(delta, None, d.index, None)]))
         if d.finish_reason is not None:
             reason = d.finish_reason
             out.append(self._chunk([ChunkChoice(Delta(), reason, d.index, None)]))  # type: ignore[arg-type]
         return out
 
-    def closing(self, prompt_tokens: int, completion_tokens: int) -> list[ChatCompletionChunk]:
+    def closing(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> list[ChatCompletionChunk]:
         if not self.include_usage:
             return []
-        return [self._chunk([], usage(prompt_tokens, completion_tokens))]
+        return [self._chunk([], usage(prompt_tokens, completion_tokens, cached_tokens))]
 
 
 # --- legacy /v1/completions (wire shapes: ncap.protocol.completions) ---
@@ -238,7 +267,10 @@ class TextChunks:
         lp = _legacy_logprobs(d.logprobs, offset)
         return [self._chunk([TextChoice(d.text, d.index, lp, d.finish_reason)])]
 
-    def closing(self, prompt_tokens: int, completion_tokens: int) -> list[TextCompletion]:
+    def closing(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> list[TextCompletion]:
+        # the legacy usage shape has no cached-token detail; the count is dropped here
         if not self.include_usage:
             return []
         return [self._chunk([], usage(prompt_tokens, completion_tokens))]
@@ -250,7 +282,9 @@ _Chunk = TypeVar("_Chunk")
 class _Chunks(Protocol[_Chunk]):
     def delta(self, d: ChoiceDelta) -> list[_Chunk]: ...
 
-    def closing(self, prompt_tokens: int, completion_tokens: int) -> list[_Chunk]: ...
+    def closing(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> list[_Chunk]: ...
 
 
 def chat_chunk_stream(
@@ -275,5 +309,7 @@ async def _chunk_stream(
                 for chunk in chunks.delta(event):
                     yield chunk
             elif isinstance(event, RequestDone):
-                for chunk in chunks.closing(event.prompt_tokens, event.completion_tokens):
+                for chunk in chunks.closing(
+                    event.prompt_tokens, event.completion_tokens, event.cached_tokens
+                ):
                     yield chunk

@@ -30,13 +30,21 @@ from ncap.errors import (
     NcapError,
     PolicyDenied,
 )
+from ncap.http.dashboard import add_dashboard_routes
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers import provider_for
 from ncap.providers.base import Provider, RequestKind
-from ncap.stores import budgets_from_url, ledger_from_url
+from ncap.stores import (
+    Identity,
+    PeerWatch,
+    budgets_from_url,
+    history_of,
+    instances_for,
+    ledger_from_url,
+)
 
 __all__ = ["create_app"]
 
@@ -48,6 +56,7 @@ ADMISSION = web.AppKey("admission", Admission)
 CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
+PEERS = web.AppKey("peers", PeerWatch)
 GAUGES = web.AppKey("gauges", StoreGauges)
 REQUEST_ID = web.RequestKey("request_id", str)
 
@@ -317,11 +326,23 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    ledger = ObservedLedger(ledger_from_url(config.stores.ledger), metrics_)
-    budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
+    raw_ledger = ledger_from_url(config.stores.ledger, durability=config.stores.ledger_durability)
+    ledger = ObservedLedger(raw_ledger, metrics_)
+    # in-process budgets are a cache of the ledger, rebuilt from it at start-up
+    budgets = budgets_from_url(
+        config.stores.budgets, gateway_instance=instance, history=history_of(raw_ledger)
+    )
     accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
     gauges = app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
+    )
+    peers = PeerWatch(
+        instances_for(raw_ledger),
+        ledger,
+        budgets,
+        Identity.current(instance),
+        interval_s=config.server.heartbeat_interval_s,
+        timeout_s=config.server.heartbeat_timeout_s,
     )
     routes = {
         rid: RouteRuntime(rid, route, _observed(route, rid, metrics_))
@@ -329,6 +350,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     }
     app[CONFIG] = config
     app[ACCOUNTING] = accounting
+    app[PEERS] = peers
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting)
@@ -340,15 +362,22 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    add_dashboard_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
-        await accounting.start()
+        # recovery that knows its peers (issue 9) instead of Accounting.start(), which
+        # would mark every instance's in-flight rows lost
+        await peers.start()
+        # in-process budgets rebuild from the ledger here even when no peer was lost
+        # (once; a no-op for shared stores: this new instance holds nothing yet)
+        await budgets.recover_lost(instance)
         await gauges.refresh(force=True)
         await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()
         for rt in routes.values():
             await rt.provider.aclose()
+        await peers.stop()
         await accounting.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -8,7 +8,9 @@
 - ``ObservedLedger`` counts settled cost (micro-USD) per workload and route as the
   lifecycle writes it, without the lifecycle knowing about metrics.
 - ``ObservedProvider`` records route health (``ncap_route_up``, last failure by a
-  closed set of reasons) per upstream attempt, and logs each up/down transition once.
+  closed set of reasons) per upstream attempt, and logs a route's recovery once. Each
+  failure itself is logged by the lifecycle (``ncap.lifecycle``), which knows the
+  request id and workload; logging it here too would double every line.
 
 Nothing here reads request content: labels are config ids and fixed codes.
 """
@@ -28,6 +30,7 @@ from ncap.domain.budget import Buckets, BudgetWindows, Usage
 from ncap.domain.events import LedgerEvent, ReconciliationRow
 from ncap.domain.money import micros_from_usd
 from ncap.metrics import Metrics
+from ncap.protocol.validate import MULTI_CANDIDATE_FIELDS
 from ncap.providers.base import (
     AttemptFailed,
     Provider,
@@ -46,21 +49,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ncap.health")
-
-# body fields that could ask a provider for several choices; refusals for them are
-# counted apart (``multi_candidate="true"``) so the operator's search for such callers
-# is one query
-MULTI_CANDIDATE_FIELDS = frozenset(
-    {
-        "best_of",
-        "candidate_count",
-        "candidateCount",
-        "num_return_sequences",
-        "num_generations",
-        "num_samples",
-        "n_candidates",
-    }
-)
 
 
 class StoreGauges:
@@ -285,6 +273,4 @@ class ObservedProvider:
         if reason is None:
             self._answered()
             return
-        if self._metrics.route_failed(self._route, reason, time.time()):
-            status = f" (status {failure.status})" if failure.status else ""
-            log.warning("route %s is failing: %s%s", self._route, reason, status)
+        self._metrics.route_failed(self._route, reason, time.time())

@@ -11,7 +11,7 @@ sent, because it measures the bytes of what the client sent.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
@@ -21,6 +21,7 @@ import ncap.lifecycle.asked as asked
 from ncap import __version__
 from ncap.config import Config, Fingerprint
 from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
+from ncap.domain.events import LedgerEvent
 from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, reservation_for
 from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
@@ -61,11 +62,48 @@ class Admitter:
                 await self.accounting.reserve(plan, holds, number)
         except (PolicyDenied, RateLimited) as exc:
             await self.accounting.abandon(holds)  # a fan-out admitted in part gives back
-            denied = plan or _draft(request_id, caller, request, chain, decision, now)
+            scope = self.accounting.budgets.quota_scope
+            denied = plan or _draft(request_id, caller, request, chain, decision, now, scope)
             await self.accounting.deny(denied, chain[0], exc)
             raise
         m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
         return plan, holds
+
+    async def refuse_field(
+        self,
+        request_id: str,
+        caller: Caller,
+        body: Mapping[str, Any],
+        field: str,
+        chain: Sequence[RouteRuntime],
+    ) -> None:
+        """The denial row of a body refused for an unknown field that could ask for
+        several choices (``best_of``, ``candidate_count``, …): the operator's search for
+        such callers is one ledger query. Nothing the client wrote is recorded beyond
+        the field's name (from a fixed set), an alias the config knows and ``n``."""
+        primary = chain[0] if chain else None
+        alias = str(body["model"]) if primary else None
+        requested = _candidate_count(body.get("n"))
+        event = LedgerEvent(
+            timestamp=self.accounting.clock(),
+            request_id=request_id,
+            attempt=0,
+            workload_id=caller.workload_id,
+            environment=caller.environment,
+            route_id=primary.id if primary else None,
+            model_alias=alias,
+            upstream_model=(primary.route.upstream_model or alias) if primary else None,
+            requested_candidate_count=requested,
+            effective_candidate_count=requested or 1,
+            stream_mode=body.get("stream") is True,
+            quota_scope=self.accounting.budgets.quota_scope,
+            policy_result="deny",
+            policy_reason="unknown_multi_candidate_field",
+            state="denied",
+            gateway_instance=self.accounting.instance,
+            denied_by=field,
+        )
+        await self.accounting.record_denial(event)
 
     def _decide(self, caller: Caller, request: Request, now: datetime) -> Decision:
         temperature = given(request.temperature)
@@ -140,6 +178,7 @@ def _draft(
     chain: Sequence[RouteRuntime],
     decision: Decision,
     now: datetime,
+    quota_scope: str,
 ) -> Plan:
     """What a request denied before it was sized is recorded with (nothing reserved)."""
     stream, wants_usage = _stream_mode(request)
@@ -154,7 +193,7 @@ def _draft(
         emulated=False,
         stream=stream,
         client_wants_usage=wants_usage,
-        quota_scope="instance",
+        quota_scope=quota_scope,
         timestamp=now,
         started=time.monotonic(),
         kind=asked.kind_of(request),
@@ -165,6 +204,13 @@ def _stream_mode(request: Request) -> tuple[bool, bool]:
     """Whether the client streams, and whether it asked for the usage chunk."""
     options = given(request.stream_options)
     return bool(given(request.stream)), options is not None and bool(given(options.include_usage))
+
+
+def _candidate_count(value: Any) -> int | None:
+    """The body's ``n`` when it is one the reference allows, else None (not recorded)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 128:
+        return value
+    return None
 
 
 def _usable_routes(

@@ -6,6 +6,11 @@ Providers normalize their upstream's errors into ``AttemptFailed`` (kind, status
 rest, so a new provider needs no change here. A provider's own refusal raised as an
 ``NcapError`` (the local engine's queue full, a context overflow) generated nothing:
 recorded as such (``as_failure``) and shown to the client as it is.
+
+A well-formed error answer (a 5xx other than 503 whose body the provider could read
+as an error envelope) is an answer, not an unknown, when the route's contract says
+``error_responses: unbilled``: class ``error_answer``, settled at zero. Without the
+envelope (an HTML 502, no body) or with ``unknown`` it stays ``other_status``: held.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ FailureClass = Literal[
     "overloaded",
     "request_rejected",
     "other_4xx",
+    "error_answer",
     "other_status",
 ]
 
@@ -91,20 +97,27 @@ TABLE: dict[FailureClass, tuple[AttemptOutcome, ClientError]] = {
     "overloaded": ("rejected", _overloaded),
     "request_rejected": ("rejected", _relayed),  # 400/404/422
     "other_4xx": ("rejected", _status),
+    "error_answer": ("unbilled_error", _status),  # the contract: error answers are unbilled
     "other_status": ("upstream_error", _status),
 }
 """Failure class → (ledger outcome, client error). A refusal (429, 503, any 4xx) is an
-attempt that generated nothing; anything else may have."""
+attempt that generated nothing, and so is an error answer on an ``unbilled`` route;
+anything else may have."""
 
 
-def classify(f: AttemptFailed) -> FailureClass:
+def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass:
+    """The failure's class; ``unbilled_errors`` is the route's ``error_responses ==
+    "unbilled"`` (without it, an error answer is an unknown)."""
     if f.kind == "timeout":
         return "timeout"
     if f.kind == "connection":
         return "connection" if f.dispatched else "refused"
     if f.kind == "protocol" or f.status is None:
         return "unreadable"
-    return _status_class(f.status, f.error.code if f.error is not None else None)
+    cls = _status_class(f.status, f.error.code if f.error is not None else None)
+    if cls == "other_status" and unbilled_errors and f.error is not None and f.status >= 500:
+        return "error_answer"
+    return cls
 
 
 def _status_class(status: int, code: str | None) -> FailureClass:
@@ -117,8 +130,8 @@ def _status_class(status: int, code: str | None) -> FailureClass:
     return "other_4xx" if 400 <= status < 500 else "other_status"
 
 
-def ledger_outcome(f: AttemptFailed) -> AttemptOutcome:
-    return TABLE[classify(f)][0]
+def ledger_outcome(f: AttemptFailed, *, unbilled_errors: bool = False) -> AttemptOutcome:
+    return TABLE[classify(f, unbilled_errors=unbilled_errors)][0]
 
 
 def client_error(f: AttemptFailed) -> NcapError:

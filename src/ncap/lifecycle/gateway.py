@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from ncap.config import Config
-from ncap.errors import InvalidValue, ModelNotFound
+from ncap.errors import InvalidValue, ModelNotFound, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
@@ -24,7 +26,11 @@ from ncap.lifecycle.reports import answered_report
 from ncap.lifecycle.settle import Accounting
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest
-from ncap.protocol.validate import parse_chat_request, parse_completion_request
+from ncap.protocol.validate import (
+    MULTI_CANDIDATE_FIELDS,
+    parse_chat_request,
+    parse_completion_request,
+)
 from ncap.providers.base import UpstreamResult
 from ncap.stores.base import Hold
 
@@ -32,6 +38,7 @@ __all__ = ["Gateway"]
 
 # a fan-out branch asks for one candidate: the count fields are left out
 _CANDIDATE_FIELDS = frozenset({"n", "best_of"})
+_Req = TypeVar("_Req", ChatCompletionRequest, CompletionRequest)
 
 
 class Gateway:
@@ -59,14 +66,14 @@ class Gateway:
         return [alias for alias in self.config.models if workload.allows_model(alias)]
 
     async def chat(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
-        body, request = parse_chat_request(raw, extra_fields=self._extra_fields)
+        body, request = await self._parse(raw, caller, request_id, parse_chat_request)
         chain = self._chain(request.model, caller)
         return await self._serve(request_id, caller, request, body, chain)
 
     async def completions(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
         """The legacy ``/v1/completions``: the same lifecycle, with ``best_of`` as the
         candidate count (``ncap.lifecycle.admit``), on routes that serve the endpoint."""
-        body, request = parse_completion_request(raw, extra_fields=self._extra_fields)
+        body, request = await self._parse(raw, caller, request_id, parse_completion_request)
         _one_prompt(request)
         chain = _legacy_routes(self._chain(request.model, caller))
         return await self._serve(request_id, caller, request, body, chain)
@@ -88,6 +95,33 @@ class Gateway:
         except BaseException:
             await self.accounting.abandon(holds)
             raise
+
+    async def _parse(
+        self,
+        raw: bytes,
+        caller: Caller,
+        request_id: str,
+        parse: Callable[..., tuple[dict[str, Any], _Req]],
+    ) -> tuple[dict[str, Any], _Req]:
+        """The validated body (chat or legacy); a refused multi-candidate field is also
+        a denial row."""
+        try:
+            return parse(raw, extra_fields=self._extra_fields)
+        except UnknownParameter as exc:
+            if exc.param in MULTI_CANDIDATE_FIELDS:
+                body = msgspec.json.decode(raw)  # decoded once already: a JSON object
+                chain = self._allowed_chain(body.get("model"), caller)
+                await self._admitter.refuse_field(request_id, caller, body, exc.param, chain)
+            raise
+
+    def _allowed_chain(self, model: object, caller: Caller) -> list[RouteRuntime]:
+        """The alias's chain when the caller may use it, else none (nothing recorded)."""
+        if not isinstance(model, str):
+            return []
+        try:
+            return self._chain(model, caller)
+        except ModelNotFound:
+            return []
 
     async def _dispatch(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
         if plan.emulated:

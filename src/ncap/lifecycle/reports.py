@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ncap.lifecycle.plan import AttemptReport
 from ncap.protocol.responses import ResponseSummary, SummaryUsage
@@ -57,20 +58,29 @@ def stream_report(tally: Tally, cut: str | None) -> AttemptReport:
     )
 
 
-def summed_usage(usages: Sequence[SummaryUsage | None]) -> dict[str, int] | None:
+def summed_usage(usages: Sequence[SummaryUsage | None]) -> dict[str, Any] | None:
     """The usage of k fan-out branches together (every branch's prompt was paid); None
-    unless every branch reported its prompt and completion tokens (the total is unknown)."""
+    unless every branch reported its prompt and completion tokens (the total is unknown).
+    Cached prompt tokens are summed too when a branch reported them (a prefix cache
+    lets branches after the first reuse the prompt)."""
     prompt = completion = 0
+    cached: int | None = None
     for u in usages:
         if u is None or u.prompt_tokens is None or u.completion_tokens is None:
             return None
         prompt += u.prompt_tokens
         completion += u.completion_tokens
-    return {
+        details = u.prompt_tokens_details
+        if details is not None and details.cached_tokens is not None:
+            cached = (cached or 0) + details.cached_tokens
+    summed: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if cached is not None:
+        summed["prompt_tokens_details"] = {"cached_tokens": cached}
+    return summed
 
 
 def _counted(reasons: Iterable[str | None]) -> dict[str, int]:

@@ -9,10 +9,17 @@
 4. ``abandon``: a request that ends with holds no closed attempt took releases them.
 
 A ledger failure is never swallowed: it propagates and the client gets an error.
+
+Each upstream failure (a failed attempt, a stream the upstream cut) and each budget
+exhaustion is logged here, once, as one sanitized line on ``ncap.lifecycle``: request
+id, workload, route, status and a reason from a closed set, never content (the route
+health wrapper, ``http.observe.ObservedProvider``, keeps metrics only, so no failure
+is logged twice).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,8 +31,9 @@ from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent, settle
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
-from ncap.errors import NcapError
-from ncap.lifecycle.failures import ledger_outcome
+from ncap.domain.reservation import Reservation
+from ncap.errors import NcapError, Refusal
+from ncap.lifecycle.failures import classify, ledger_outcome
 from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
@@ -33,6 +41,11 @@ from ncap.providers.base import AttemptFailed
 from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
 
 __all__ = ["Accounting", "usage_complete"]
+
+log = logging.getLogger("ncap.lifecycle")
+
+# outcomes that generated nothing: settled at zero, the hold released
+_NOTHING_GENERATED: tuple[AttemptOutcome, ...] = ("rejected", "unbilled_error")
 
 
 class Accounting:
@@ -118,17 +131,36 @@ class Accounting:
     # -- rows --------------------------------------------------------------------------
 
     async def deny(self, plan: Plan, primary: RouteRuntime, error: NcapError) -> None:
-        """The one ``denied`` row of a request refused before any upstream call."""
-        reason = str(error.code)
+        """The one ``denied`` row of a request refused before any upstream call, with
+        what refused it (``denied_*``) and the budget store's real scope."""
         event = replace(
             self.row(plan, 0, primary, state="denied"),
             policy_result="deny",
-            policy_reason=reason,
+            policy_reason=str(error.code),
             reserved_cost_micros=0,
-            quota_scope="instance",  # nothing was charged to any scope
+            quota_scope=self.budgets.quota_scope,
+            **_denied_columns(error.refusal, plan),
         )
+        await self.record_denial(event)
+
+    async def record_denial(self, event: LedgerEvent) -> None:
+        """Write a denial row, count it, and log a budget exhaustion."""
         await self.ledger.append(event)
-        self.metrics.requests.labels(plan.caller.workload_id, "deny", reason).inc()
+        workload, reason = event.workload_id, event.policy_reason
+        self.metrics.requests.labels(workload, "deny", reason).inc()
+        if reason == "budget_exhausted":
+            window = event.denied_by or "unknown"
+            self.metrics.budget_exhausted(workload, window)
+            log.warning(
+                "budget exhausted: request=%s workload=%s route=%s status=429 "
+                "reason=budget_exhausted window=%s limit=%s needed=%s",
+                event.request_id,
+                workload,
+                event.route_id,
+                window,
+                event.denied_limit,
+                event.denied_amount,
+            )
 
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
         d, r = plan.decision, plan.attempt_reservation
@@ -174,18 +206,30 @@ class Accounting:
     async def stream_finished(self, attempt: Attempt, report: AttemptReport) -> None:
         outcome: AttemptOutcome = "completed" if report.cut is None else "stream_cut"
         await self._close(attempt, report, outcome)
+        if report.cut not in (None, "client_disconnect"):  # the upstream's doing
+            _log_failure(attempt, None, str(report.cut), outcome)
 
     async def failed(self, attempt: Attempt, failure: AttemptFailed) -> None:
         report = AttemptReport(failure.provider_request_id, 0, {}, None, attempt.plan.stream, None)
-        await self._close(attempt, report, ledger_outcome(failure))
+        unbilled = attempt.route.route.contract.error_responses == "unbilled"
+        outcome = ledger_outcome(failure, unbilled_errors=unbilled)
+        await self._close(attempt, report, outcome, upstream_status=failure.status)
+        _log_failure(attempt, failure.status, classify(failure, unbilled_errors=unbilled), outcome)
 
     async def _close(
-        self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
+        self,
+        attempt: Attempt,
+        report: AttemptReport,
+        outcome: AttemptOutcome,
+        *,
+        upstream_status: int | None = None,
     ) -> None:
         if attempt.closed:
             raise RuntimeError(f"attempt {attempt.number} closed twice")
         attempt.closed = True
         final, keeps = self._final(attempt, report, outcome)
+        if upstream_status is not None:
+            final["upstream_status"] = upstream_status
         # the hold first: once the row shows its final state, the budget does too
         await self._settle_hold(attempt, final, outcome, keeps)
         await self.ledger.update(attempt.row.request_id, attempt.row.attempt, **final)
@@ -196,7 +240,7 @@ class Accounting:
     ) -> tuple[dict[str, Any], bool]:
         """The row's final columns (SPEC §7) from what the attempt reported, and whether
         its hold stays reserved."""
-        usage, rejected = report.usage, outcome == "rejected"
+        usage, rejected = report.usage, outcome in _NOTHING_GENERATED
         settlement = settle(
             effective_n=attempt.plan.expected_returned,
             returned_n=0 if rejected else report.returned,
@@ -214,7 +258,7 @@ class Accounting:
             provider_request_id=report.provider_request_id,
             returned_candidate_count=0 if rejected else report.returned,
             finish_reasons=report.finish_reasons,
-            usage_source=_usage_source(usage, report.stream),
+            usage_source=_usage_source(usage, report.stream, outcome),
             state=settlement.state,
             reconciliation_reason=settlement.reconciliation_reason,
             latency_ms=round((time.monotonic() - attempt.started) * 1000, 3),
@@ -227,8 +271,8 @@ class Accounting:
         hold = attempt.holds.pop(attempt.number, None)
         if hold is None:
             return
-        if outcome == "rejected":
-            await self.budgets.release(hold)  # a refusal generated nothing
+        if outcome in _NOTHING_GENERATED:
+            await self.budgets.release(hold)  # a refusal (or unbilled error) generated nothing
         elif keeps:
             await self.budgets.keep(hold)
             return  # still outstanding until reconciled
@@ -272,10 +316,49 @@ def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any
     }
 
 
-def _usage_source(usage: SummaryUsage | None, stream: bool) -> Any:
+def _usage_source(usage: SummaryUsage | None, stream: bool, outcome: AttemptOutcome) -> Any:
+    if outcome == "unbilled_error":
+        return "provider_response"  # the zero comes from the provider's error answer
     if usage is None:
         return "none"
     return "provider_stream" if stream else "provider_response"
+
+
+def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str) -> None:
+    """One sanitized line per upstream failure; a 4xx about the request is INFO."""
+    level = logging.INFO if reason in ("request_rejected", "other_4xx") else logging.WARNING
+    log.log(
+        level,
+        "upstream failure: request=%s workload=%s route=%s attempt=%d status=%s "
+        "reason=%s outcome=%s",
+        attempt.plan.request_id,
+        attempt.plan.caller.workload_id,
+        attempt.route.id,
+        attempt.number,
+        status if status is not None else "-",
+        reason,
+        outcome,
+    )
+
+
+def _denied_columns(refusal: Refusal | None, plan: Plan) -> dict[str, Any]:
+    """``denied_by``/``denied_limit``/``denied_amount`` of a denial row. A fan-out is
+    reserved branch by branch: the branch that did not fit stands for the whole
+    request's need, which is what is recorded."""
+    if refusal is None:
+        return {}
+    amount = refusal.amount
+    if plan.emulated and amount is not None:
+        amount = _whole_need(refusal.limit, plan.reservation, plan.decision.effective)
+    return {"denied_by": refusal.limit, "denied_limit": refusal.value, "denied_amount": amount}
+
+
+def _whole_need(window: str, whole: Reservation, branches: int) -> int:
+    if window.startswith("tokens_"):
+        return whole.total_tokens
+    if window.startswith("usd_") or window == "exception":
+        return whole.cost_micros
+    return branches  # requests_minute, concurrency: one per branch
 
 
 _NOTHING_USED: dict[str, Any] = {

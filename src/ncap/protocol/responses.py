@@ -168,6 +168,9 @@ class _SummaryUsageDetails(msgspec.Struct):
     reasoning_tokens: int | None = None
 
 
+SummaryUsageDetails = _SummaryUsageDetails  # built by the local engine's summaries
+
+
 class SummaryUsage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

@@ -53,6 +53,7 @@ __all__ = [
     "CHAT_FIELDS",
     "COMPLETION_FIELDS",
     "MAX_DEPTH",
+    "MULTI_CANDIDATE_FIELDS",
     "ExtraFields",
     "parse_chat_request",
     "parse_completion_request",
@@ -66,6 +67,22 @@ MAX_DEPTH = 128
 allow-listed extras; the typed parts are shallow by construction). Well inside the
 interpreter's recursion limit, so that whatever later encodes or walks the forwarded body
 cannot exhaust it."""
+
+MULTI_CANDIDATE_FIELDS = frozenset(
+    {
+        "best_of",
+        "candidate_count",
+        "candidateCount",
+        "num_return_sequences",
+        "num_generations",
+        "num_samples",
+        "n_candidates",
+    }
+)
+"""Body fields, unknown to the chat reference, that could ask a provider for several
+choices: refused as any unknown field, but recorded as denials and counted apart
+(``multi_candidate="true"``) so that the operator's search for such callers is one
+query."""
 
 CHAT_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
 COMPLETION_FIELDS = frozenset(CompletionRequest.__struct_fields__)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from uuid import uuid4
 
 from ncap.config import Pricing
-from ncap.domain.budget import Amounts, Buckets, Usage
+from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
 from ncap.domain.events import (
     LEDGER_COLUMNS,
     UNSETTLED_STATES,
@@ -15,7 +16,7 @@ from ncap.domain.events import (
     ReconciliationRow,
     reconcile,
 )
-from ncap.stores.base import Hold, ImportResult
+from ncap.stores.base import Hold, ImportResult, SpentTotal
 
 # (subject, window, bucket, amount): one counter a hold adds to
 Entry = tuple[str, str, str, int]
@@ -47,19 +48,114 @@ def new_hold(
     )
 
 
+class TwoPhaseBudgets:
+    """The ``reserve`` every budget backend shares; a backend supplies ``_reserve``,
+    which must run ``Charge.admit`` and store its entries in one critical section."""
+
+    _clock: Callable[[], datetime]
+
+    async def reserve(
+        self,
+        workload_id: str,
+        windows: BudgetWindows,
+        amounts: Amounts,
+        *,
+        exception_id: str | None = None,
+        now: datetime | None = None,
+        hold_id: str | None = None,
+    ) -> Hold:
+        buckets = Buckets.at(now or self._clock())
+        return await self._reserve(
+            Charge(workload_id, exception_id, windows, amounts, buckets, hold_id)
+        )
+
+    async def _reserve(self, charge: Charge) -> Hold:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One reservation being decided: what is asked, against which windows, when."""
+
+    workload_id: str
+    exception_id: str | None
+    windows: BudgetWindows
+    amounts: Amounts
+    buckets: Buckets
+    hold_id: str | None
+
+    def admit(self, usage: Usage, exists: bool, instance: str) -> tuple[Hold, list[Entry]]:
+        """The new hold and the counters it adds to, or raise (nothing changed)."""
+        if exists:
+            raise ValueError(f"hold {self.hold_id!r} already exists")
+        admit(self.workload_id, self.exception_id, usage, self.windows, self.amounts, self.buckets)
+        hold = new_hold(
+            self.workload_id, self.exception_id, self.amounts, self.buckets, instance, self.hold_id
+        )
+        return hold, hold_entries(hold, hold.tokens, hold.cost_micros, 1)
+
+
+def check_actuals(actual_tokens: int, actual_cost_micros: int) -> None:
+    """Refuse negative usage before any hold is touched."""
+    if actual_tokens < 0 or actual_cost_micros < 0:
+        raise ValueError("actual usage cannot be negative")
+
+
+def settle_entries(hold: Hold, actual_tokens: int, actual_cost_micros: int) -> list[Entry]:
+    """The deltas that replace a hold's reservation by actual usage."""
+    return hold_entries(hold, actual_tokens - hold.tokens, actual_cost_micros - hold.cost_micros, 0)
+
+
+def release_entries(hold: Hold) -> list[Entry]:
+    """The deltas that give a never-dispatched hold back entirely."""
+    return hold_entries(hold, -hold.tokens, -hold.cost_micros, -1)
+
+
 def hold_entries(hold: Hold, tokens: int, cost: int, requests: int) -> list[Entry]:
     """The counters a hold touches, each with the given amount (a delta when settling)."""
-    w = hold.workload_id
+    return minute_entries(hold.workload_id, hold.exception_id, hold.minute, tokens, cost, requests)
+
+
+def minute_entries(
+    workload_id: str, exception_id: str | None, minute: str, tokens: int, cost: int, requests: int
+) -> list[Entry]:
+    """The counters of one minute's amounts (its day and month are its prefixes)."""
+    w, day, month = workload_id, minute[:10], minute[:7]
     entries: list[Entry] = [
-        (w, "tokens_minute", hold.minute, tokens),
-        (w, "requests_minute", hold.minute, requests),
-        (w, "tokens_day", hold.day, tokens),
-        (w, "cost_day", hold.day, cost),
-        (w, "cost_month", hold.month, cost),
+        (w, "tokens_minute", minute, tokens),
+        (w, "requests_minute", minute, requests),
+        (w, "tokens_day", day, tokens),
+        (w, "cost_day", day, cost),
+        (w, "cost_month", month, cost),
     ]
-    if hold.exception_id is not None:
-        entries.append((hold.exception_id, "cost_exception", LIFE_BUCKET, cost))
+    if exception_id is not None:
+        entries.append((exception_id, "cost_exception", LIFE_BUCKET, cost))
     return entries
+
+
+HELD_STATES = frozenset({"reserved", *UNSETTLED_STATES})
+
+
+def is_held(event: LedgerEvent) -> bool:
+    """An admitted attempt whose reservation is still held."""
+    return event.policy_result == "allow" and event.state in HELD_STATES
+
+
+def spent_totals(events: Iterable[LedgerEvent], since: datetime) -> list[SpentTotal]:
+    """``BudgetHistory.spent_totals`` computed from rows (backends without SQL for it)."""
+    sums: dict[tuple[str, str | None, str], list[int]] = {}
+    for e in events:
+        spent = e.state in ("settled", "reconciled") and e.usage_source != "none"
+        if not spent or e.policy_result != "allow":
+            continue
+        if e.timestamp < since and e.exception_id is None:
+            continue
+        key = (e.workload_id, e.exception_id, Buckets.at(e.timestamp).minute)
+        total = sums.setdefault(key, [0, 0, 0])
+        total[0] += e.total_tokens or 0
+        total[1] += e.cost_micros or 0
+        total[2] += 1
+    return [SpentTotal(w, x, m, *amounts) for (w, x, m), amounts in sums.items()]
 
 
 def usage_keys(workload_id: str, exception_id: str | None, b: Buckets) -> dict[str, Key]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ncap.config import Pricing
 from ncap.domain.budget import Amounts, BudgetWindows, Usage
@@ -26,6 +26,7 @@ from ncap.domain.events import LedgerEvent, ReconciliationRow
 
 __all__ = [
     "Amounts",
+    "BudgetHistory",
     "BudgetStore",
     "BudgetWindows",
     "DuplicateAttempt",
@@ -33,6 +34,7 @@ __all__ = [
     "HoldState",
     "ImportResult",
     "LedgerStore",
+    "SpentTotal",
     "Usage",
     "hold_id_for",
 ]
@@ -124,6 +126,33 @@ class LedgerStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SpentTotal:
+    """Actual spend of finished attempts in one minute (``YYYY-MM-DDTHH:MM``, UTC)."""
+
+    workload_id: str
+    exception_id: str | None
+    minute: str
+    tokens: int
+    cost_micros: int
+    requests: int
+
+
+@runtime_checkable
+class BudgetHistory(Protocol):
+    """What in-process budgets rebuild their counters from at start-up (the ledger)."""
+
+    def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        """Every admitted row still holding its reservation (reserved or unsettled)."""
+        ...
+
+    def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        """Settled and reconciled spend per minute: at or after ``since`` (the start of
+        the month), and of any age for exceptions; refused attempts (released holds,
+        ``usage_source=none``) excluded."""
+        ...
 
 
 class BudgetStore(Protocol):

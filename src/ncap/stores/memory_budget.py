@@ -2,8 +2,23 @@
 
 Counters live in this process only, one live bucket per (subject, window); a bucket
 that rolls over is dropped, so memory stays bounded. Admission is atomic because the
-check and the update run under one lock with no ``await`` between them. Nothing
-survives a restart: a dead process's holds die with it (``recover_lost`` is a no-op).
+check and the update run under one lock with no ``await`` between them.
+
+THE LEDGER IS THE SOURCE OF TRUTH, THE COUNTERS A CACHE OF IT. Built with a
+``history`` (the ledger), ``recover_lost`` (called once at start-up, after the ledger
+turned a dead predecessor's ``reserved`` rows into ``gateway_lost`` ones) replays what
+can still weigh on a window: unsettled rows become *kept* holds whose reserved
+amounts stay counted (their slot freed); settled and reconciled spend, summed per
+minute by the ledger (this month's, and every exception's), is added to its own
+buckets. A restart or a ``kill -9`` therefore loses no hold and forgets no spend:
+every attempt was in the ledger before it was dispatched (``append`` is durable when
+it returns). Without a history (tests,
+``memory://`` ledgers) nothing survives the process.
+
+A row is bucketed by its own timestamp, taken a few microseconds after the
+reservation's: at a minute boundary a rebuilt row may land in the next minute. An
+attempt the upstream refused (its hold was released; its row is settled with
+``usage_source=none``) counts nothing, as it did live.
 """
 
 from __future__ import annotations
@@ -11,74 +26,71 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ncap.config import utcnow
-from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
+from ncap.domain.budget import Amounts, Buckets, Usage
+from ncap.domain.events import LedgerEvent
 from ncap.stores._common import (
+    Charge,
     Entry,
     Key,
+    TwoPhaseBudgets,
     build_usage,
+    check_actuals,
     hold_entries,
     hold_ref,
+    minute_entries,
     new_hold,
+    release_entries,
+    settle_entries,
     usage_keys,
 )
-from ncap.stores.base import Hold
+from ncap.stores.base import BudgetHistory, Hold, hold_id_for
 
 __all__ = ["MemoryBudgetStore"]
 
 
-class MemoryBudgetStore:
+class MemoryBudgetStore(TwoPhaseBudgets):
     """``BudgetStore`` in a dict; also the fake the lifecycle tests use."""
 
     quota_scope = "instance"
 
     def __init__(
-        self, *, gateway_instance: str = "local", clock: Callable[[], datetime] = utcnow
+        self,
+        *,
+        gateway_instance: str = "local",
+        clock: Callable[[], datetime] = utcnow,
+        history: BudgetHistory | None = None,
     ) -> None:
         self._instance = gateway_instance
         self._clock = clock
+        self._history = history
+        self._rebuilt = False
         self._lock = threading.Lock()
         # (subject, window) -> (live bucket, amount)
         self._counters: dict[tuple[str, str], tuple[str, int]] = {}
         self._holds: dict[str, Hold] = {}
         self._active: dict[str, int] = {}  # workload -> active holds (kept ones excluded)
 
-    async def reserve(
-        self,
-        workload_id: str,
-        windows: BudgetWindows,
-        amounts: Amounts,
-        *,
-        exception_id: str | None = None,
-        now: datetime | None = None,
-        hold_id: str | None = None,
-    ) -> Hold:
-        buckets = Buckets.at(now or self._clock())
+    async def _reserve(self, charge: Charge) -> Hold:
         with self._lock:
-            if hold_id is not None and hold_id in self._holds:
-                raise ValueError(f"hold {hold_id!r} already exists")
-            usage = self._usage(workload_id, exception_id, buckets)
-            admit(workload_id, exception_id, usage, windows, amounts, buckets)
-            hold = new_hold(workload_id, exception_id, amounts, buckets, self._instance, hold_id)
-            self._add(hold_entries(hold, hold.tokens, hold.cost_micros, 1), create=True)
+            usage = self._usage(charge.workload_id, charge.exception_id, charge.buckets)
+            exists = charge.hold_id is not None and charge.hold_id in self._holds
+            hold, entries = charge.admit(usage, exists, self._instance)
+            self._add(entries, create=True)
             self._holds[hold.hold_id] = hold
             self._count(hold, +1)
         return hold
 
     async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
-        if actual_tokens < 0 or actual_cost_micros < 0:
-            raise ValueError("actual usage cannot be negative")
+        check_actuals(actual_tokens, actual_cost_micros)
         with self._lock:
             held = self._holds.pop(hold_ref(hold), None)
             if held is None:
                 return False
             self._count(held, -1)
-            deltas = hold_entries(
-                held, actual_tokens - held.tokens, actual_cost_micros - held.cost_micros, 0
-            )
-            self._add(deltas, create=False)
+            self._add(settle_entries(held, actual_tokens, actual_cost_micros), create=False)
         return True
 
     async def keep(self, hold: Hold | str) -> bool:
@@ -96,7 +108,7 @@ class MemoryBudgetStore:
             if held is None:
                 return False
             self._count(held, -1)
-            self._add(hold_entries(held, -held.tokens, -held.cost_micros, -1), create=False)
+            self._add(release_entries(held), create=False)
         return True
 
     async def outstanding(self, workload_id: str | None = None) -> list[Hold]:
@@ -111,10 +123,51 @@ class MemoryBudgetStore:
             return self._usage(workload_id, exception_id, Buckets.at(now or self._clock()))
 
     async def recover_lost(self, gateway_instance: str | None = None) -> int:
-        return 0
+        """Rebuild the counters from the ledger (once, at start-up); returns how many
+        unsettled attempts are held again. Without a history: nothing to recover."""
+        if self._history is None or self._rebuilt:
+            return 0
+        self._rebuilt = True
+        month_start = (
+            self._clock().astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        )
+        async for total in self._history.spent_totals(month_start):
+            entries = minute_entries(
+                total.workload_id,
+                total.exception_id,
+                total.minute,
+                total.tokens,
+                total.cost_micros,
+                total.requests,
+            )
+            with self._lock:
+                self._add_replayed(entries)
+        held = 0
+        async for event in self._history.held_rows():
+            with self._lock:
+                held += self._hold_again(event)
+        return held
 
     async def close(self) -> None:
         return None
+
+    def _hold_again(self, event: LedgerEvent) -> int:
+        """Count an unsettled row's reservation again, as a kept hold; 1 if new."""
+        hold_id = hold_id_for(event.request_id, event.attempt)
+        if hold_id in self._holds:
+            return 0
+        tokens = event.reserved_input_tokens + event.reserved_output_tokens
+        hold = new_hold(
+            event.workload_id,
+            event.exception_id,
+            Amounts(tokens, event.reserved_cost_micros),
+            Buckets.at(event.timestamp),
+            event.gateway_instance,
+            hold_id,
+        )
+        self._holds[hold_id] = replace(hold, state="kept")
+        self._add_replayed(hold_entries(hold, hold.tokens, hold.cost_micros, 1))
+        return 1
 
     def _count(self, hold: Hold, delta: int) -> None:
         """Track active holds per workload, so admission does not scan every hold."""
@@ -137,4 +190,14 @@ class MemoryBudgetStore:
             if live == bucket:
                 self._counters[(subject, window)] = (bucket, current + amount)
             elif create:
+                self._counters[(subject, window)] = (bucket, amount)
+
+    def _add_replayed(self, entries: list[Entry]) -> None:
+        """Like ``_add``, whatever order the rows come in: a newer bucket replaces the
+        live one, an older one is already over and changes nothing."""
+        for subject, window, bucket, amount in entries:
+            live, current = self._counters.get((subject, window), (bucket, 0))
+            if live == bucket:
+                self._counters[(subject, window)] = (bucket, current + amount)
+            elif bucket > live:
                 self._counters[(subject, window)] = (bucket, amount)

@@ -1,4 +1,14 @@
-"""A ledger in a dict (``memory://``): for tests and throw-away runs, never durable."""
+"""A ledger in a dict (``memory://``): for tests and benchmarks, never durable.
+
+BOUNDED. It keeps the newest ``max_rows`` rows (``memory://?max_rows=N``, default
+``DEFAULT_MAX_ROWS``): once full, each new row evicts the oldest finished one, so a
+benchmark of any length runs in constant memory. Unsettled rows (``reserved``,
+``pending``, ``usage_reconciliation_required``) are never evicted: they stand for
+holds. ``evicted`` counts what was dropped, so a test can tell a full ring from a
+short run. Rows are indexed by request, so ``get`` costs the request's attempts, not
+the whole ledger; updates are merged into a row when it is read (writes are hot,
+reads rare).
+"""
 
 from __future__ import annotations
 
@@ -9,26 +19,49 @@ from typing import Any
 
 from ncap.config import Pricing
 from ncap.domain.events import UNSETTLED_STATES, LedgerEvent, ReconciliationRow
-from ncap.stores._common import apply_import, check_update_fields, is_lost
-from ncap.stores.base import DuplicateAttempt, ImportResult
+from ncap.stores._common import (
+    HELD_STATES,
+    apply_import,
+    check_update_fields,
+    is_held,
+    is_lost,
+    spent_totals,
+)
+from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
 
-__all__ = ["MemoryLedgerStore"]
+__all__ = ["DEFAULT_MAX_ROWS", "MemoryLedgerStore"]
+
+DEFAULT_MAX_ROWS = 10_000
+_ROTATIONS_PER_APPEND = 8  # held rows moved aside per append while looking for one to drop
+
+Key = tuple[str, int]
 
 
 class MemoryLedgerStore:
     """``LedgerStore`` held in this process; same contract as the SQLite one."""
 
-    def __init__(self) -> None:
-        self._rows: dict[tuple[str, int], LedgerEvent] = {}
-        self._updates: dict[tuple[str, int], dict[str, Any]] = {}
+    def __init__(self, *, max_rows: int = DEFAULT_MAX_ROWS) -> None:
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        self.max_rows = max_rows
+        self.evicted = 0
+        self._rows: dict[Key, LedgerEvent] = {}  # insertion order: oldest first
+        self._updates: dict[Key, dict[str, Any]] = {}
+        self._attempts: dict[str, list[int]] = {}  # request id -> its attempt numbers
         self._closed = False
 
-    def _merged(self) -> dict[tuple[str, int], LedgerEvent]:
-        """The rows with their pending updates applied (reads are rare, writes hot)."""
+    def _merged(self) -> dict[Key, LedgerEvent]:
+        """The rows with their pending updates applied."""
         for key, fields in self._updates.items():
             self._rows[key] = replace(self._rows[key], **fields)
         self._updates.clear()
         return self._rows
+
+    def _row(self, key: Key) -> LedgerEvent:
+        fields = self._updates.pop(key, None)
+        if fields:
+            self._rows[key] = replace(self._rows[key], **fields)
+        return self._rows[key]
 
     async def append(self, event: LedgerEvent) -> None:
         self._check_open()
@@ -38,6 +71,26 @@ class MemoryLedgerStore:
         # events are frozen and their finish_reasons are never mutated after creation
         # (the lifecycle builds a new dict per attempt), so the event is stored as given
         self._rows[key] = event
+        self._attempts.setdefault(event.request_id, []).append(event.attempt)
+        if len(self._rows) > self.max_rows:
+            self._evict_one()
+
+    def _evict_one(self) -> None:
+        """Drop the oldest finished row; held rows met on the way move to the back."""
+        for _ in range(_ROTATIONS_PER_APPEND):
+            key = next(iter(self._rows))
+            state = self._updates.get(key, {}).get("state", self._rows[key].state)
+            if state in HELD_STATES:
+                self._rows[key] = self._rows.pop(key)  # still a hold: keep it, newest
+                continue
+            del self._rows[key]
+            self._updates.pop(key, None)
+            attempts = self._attempts[key[0]]
+            attempts.remove(key[1])
+            if not attempts:
+                del self._attempts[key[0]]
+            self.evicted += 1
+            return
 
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         self._check_open()
@@ -49,10 +102,8 @@ class MemoryLedgerStore:
         pending.update(fields)  # merged into the row when it is read: updates stay cheap
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
-        return sorted(
-            (e for (rid, _), e in self._merged().items() if rid == request_id),
-            key=lambda e: e.attempt,
-        )
+        attempts = sorted(self._attempts.get(request_id, ()))
+        return [self._row((request_id, attempt)) for attempt in attempts]
 
     async def export(
         self, since: datetime | None = None, until: datetime | None = None
@@ -62,6 +113,15 @@ class MemoryLedgerStore:
                 until is None or event.timestamp < until
             ):
                 yield event
+
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        for event in sorted(self._merged().values(), key=_order):
+            if is_held(event):
+                yield event
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        for total in spent_totals(self._merged().values(), since):
+            yield total
 
     async def pending(self) -> list[LedgerEvent]:
         return sorted(

@@ -23,14 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from ncap.config import utcnow
-from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
+from ncap.domain.budget import Buckets, Usage
 from ncap.stores._common import (
+    Charge,
     Entry,
     Key,
+    TwoPhaseBudgets,
     build_usage,
-    hold_entries,
+    check_actuals,
     hold_ref,
-    new_hold,
+    release_entries,
+    settle_entries,
     usage_keys,
 )
 from ncap.stores._sqlite import Migration, SQLiteWriter, Synchronous
@@ -73,7 +76,7 @@ _HOLD_COLUMNS = (
 )
 
 
-class SQLiteBudgetStore:
+class SQLiteBudgetStore(TwoPhaseBudgets):
     """``BudgetStore`` on a local SQLite file shared by this host's gateways."""
 
     quota_scope = "host"
@@ -92,26 +95,13 @@ class SQLiteBudgetStore:
         self._writer = SQLiteWriter(self.path, MIGRATIONS, synchronous=synchronous)
         self._orphans: set[asyncio.Task[Any]] = set()
 
-    async def reserve(
-        self,
-        workload_id: str,
-        windows: BudgetWindows,
-        amounts: Amounts,
-        *,
-        exception_id: str | None = None,
-        now: datetime | None = None,
-        hold_id: str | None = None,
-    ) -> Hold:
-        buckets = Buckets.at(now or self._clock())
-
+    async def _reserve(self, charge: Charge) -> Hold:
         def run(conn: sqlite3.Connection) -> Hold:
-            if hold_id is not None and _exists(conn, hold_id):
-                raise ValueError(f"hold {hold_id!r} already exists")
-            usage = _usage(conn, workload_id, exception_id, buckets)
-            admit(workload_id, exception_id, usage, windows, amounts, buckets)
-            hold = new_hold(workload_id, exception_id, amounts, buckets, self._instance, hold_id)
-            _prune_minutes(conn, workload_id, buckets.minute)
-            _add(conn, hold_entries(hold, hold.tokens, hold.cost_micros, 1), create=True)
+            exists = charge.hold_id is not None and _exists(conn, charge.hold_id)
+            usage = _usage(conn, charge.workload_id, charge.exception_id, charge.buckets)
+            hold, entries = charge.admit(usage, exists, self._instance)
+            _prune_minutes(conn, charge.workload_id, charge.buckets.minute)
+            _add(conn, entries, create=True)
             conn.execute(f"INSERT INTO budget_holds ({_HOLD_COLUMNS}) VALUES ({_Q11})", _row(hold))
             return hold
 
@@ -123,15 +113,13 @@ class SQLiteBudgetStore:
             raise
 
     async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
-        if actual_tokens < 0 or actual_cost_micros < 0:
-            raise ValueError("actual usage cannot be negative")
+        check_actuals(actual_tokens, actual_cost_micros)
 
         def run(conn: sqlite3.Connection) -> bool:
             held = _take(conn, hold_ref(hold))
             if held is None:
                 return False
-            dt, dc = actual_tokens - held.tokens, actual_cost_micros - held.cost_micros
-            _add(conn, hold_entries(held, dt, dc, 0), create=False)
+            _add(conn, settle_entries(held, actual_tokens, actual_cost_micros), create=False)
             return True
 
         return await self._writer.run(run)
@@ -146,7 +134,7 @@ class SQLiteBudgetStore:
             held = _take(conn, hold_ref(hold))
             if held is None:
                 return False
-            _add(conn, hold_entries(held, -held.tokens, -held.cost_micros, -1), create=False)
+            _add(conn, release_entries(held), create=False)
             return True
 
         return await self._writer.run(run)

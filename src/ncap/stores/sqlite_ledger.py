@@ -3,8 +3,10 @@
 ``append`` returns once the row's transaction has committed (``_sqlite.SQLiteWriter``),
 so the row is durable and visible to any new connection; reads use their own
 connection and never wait for the writer. The schema is versioned in
-``schema_version``; the column names are exactly SPEC §7's, which the PostgreSQL
-adapter will share. Timestamps are stored as fixed-width UTC ISO text
+``schema_version``; the column names are SPEC §7's, then ncap's own (``denied_by``,
+``denied_limit``, ``denied_amount``, ``upstream_status``: migration 2), which the
+PostgreSQL adapter shares.
+Timestamps are stored as fixed-width UTC ISO text
 (``2026-11-29T10:15:00.000000Z``) so that text order is time order.
 """
 
@@ -15,18 +17,23 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import UTC, datetime
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._migrations import migrations
 from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
-from ncap.stores.base import DuplicateAttempt, ImportResult
+from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
 
 __all__ = ["SQLiteLedgerStore"]
 
 EXPORT_PAGE = 1000
+_json = msgspec.json.Encoder(order="sorted").encode
 
 MIGRATIONS: tuple[Migration, ...] = (
     (
@@ -74,6 +81,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
         """,
     ),
+    *(m for m in migrations("sqlite") if m[0] > 1),  # 0002_instances.sql and later
 )
 
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
@@ -86,7 +94,7 @@ _SELECT = f"SELECT {_COLUMNS} FROM ledger_events"
 class SQLiteLedgerStore:
     """``LedgerStore`` on a local SQLite file (WAL, group commit)."""
 
-    def __init__(self, path: str | Path, *, synchronous: Synchronous = "FULL") -> None:
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> None:
         self.path = Path(path)
         self._writer = SQLiteWriter(self.path, MIGRATIONS, synchronous=synchronous)
         self._reader = SQLiteReader(self.path)
@@ -122,6 +130,19 @@ class SQLiteLedgerStore:
             last = page[-1]
             after = (_ts(last.timestamp), last.request_id, last.attempt)
 
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        sql = (
+            f"{_SELECT} WHERE state IN ('reserved', 'pending', 'usage_reconciliation_required')"
+            " AND policy_result = 'allow' ORDER BY timestamp, request_id, attempt"
+        )
+        for event in await self._reader.run(lambda conn: _fetch(conn, sql, ())):
+            yield event
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        stamp = _ts(since)
+        for total in await self._reader.run(lambda conn: _spent_totals(conn, stamp)):
+            yield total
+
     async def pending(self) -> list[LedgerEvent]:
         sql = (
             f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required') "
@@ -147,23 +168,36 @@ class SQLiteLedgerStore:
 
 
 def _ts(value: datetime) -> str:
+    """``2026-11-29T10:15:00.000000Z`` (fixed width: text order is time order)."""
     if value.tzinfo is None:
         raise ValueError("ledger timestamps must be timezone-aware")
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def _encode(name: str, value: Any) -> Any:
     if name == "timestamp":
         return _ts(value)
     if name == "finish_reasons":
-        return json.dumps(value, sort_keys=True)
+        return _json(value).decode()
     if name == "stream_mode":
         return int(bool(value))
     return value
 
 
+_COLUMN_VALUES = attrgetter(*LEDGER_COLUMNS)  # one C call for the whole row
+_SPECIAL = tuple(
+    (i, name)
+    for i, name in enumerate(LEDGER_COLUMNS)
+    if name in ("timestamp", "finish_reasons", "stream_mode")
+)
+
+
 def _encode_row(event: LedgerEvent) -> tuple[Any, ...]:
-    return tuple(_encode(name, getattr(event, name)) for name in LEDGER_COLUMNS)
+    """The row's values in column order; only three columns need converting."""
+    row = list(_COLUMN_VALUES(event))
+    for i, name in _SPECIAL:
+        row[i] = _encode(name, row[i])
+    return tuple(row)
 
 
 def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
@@ -195,6 +229,20 @@ def _export_page(
         f"ORDER BY timestamp, request_id, attempt LIMIT {EXPORT_PAGE}"
     )
     return _fetch(conn, sql, (*after, end))
+
+
+def _spent_totals(conn: sqlite3.Connection, since: str) -> list[SpentTotal]:
+    """Spend per (workload, exception, minute), summed by SQLite: a month of rows costs
+    a scan, not a Python object each. ``substr(timestamp, 1, 16)`` is the minute
+    bucket (timestamps are fixed-width UTC ISO text)."""
+    sql = (
+        "SELECT workload_id, exception_id, substr(timestamp, 1, 16),"
+        " COALESCE(SUM(total_tokens), 0), COALESCE(SUM(cost_micros), 0), COUNT(*)"
+        " FROM ledger_events WHERE state IN ('settled', 'reconciled')"
+        " AND usage_source != 'none' AND policy_result = 'allow'"
+        " AND (timestamp >= ? OR exception_id IS NOT NULL) GROUP BY 1, 2, 3"
+    )
+    return [SpentTotal(*row) for row in conn.execute(sql, (since,))]
 
 
 def _update(

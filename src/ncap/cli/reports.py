@@ -1,0 +1,183 @@
+"""``ncap audit``, ``ncap report daily`` and ``ncap ledger generate``.
+
+The report commands open the configured ledger read-only (no running gateway needed)
+and print the report as rich tables, JSON or one self-contained HTML page. On a
+terminal they show which query is running; piped output stays clean.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ncap.config import Config, parse_duration, utcnow
+from ncap.errors import ConfigError
+from ncap.reports import (
+    STEPS,
+    Report,
+    Window,
+    build_report,
+    day_window,
+    render_html,
+    render_json,
+    render_tables,
+    since_window,
+    source_from_url,
+)
+
+__all__ = ["audit", "generate", "report_app"]
+
+report_app = typer.Typer(no_args_is_help=True, help="Control reports over the ledger.")
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config")]
+LedgerOpt = Annotated[
+    str | None, typer.Option("--ledger", help="Ledger URL instead of the config's stores.ledger")
+]
+FormatOpt = Annotated[str, typer.Option("--format", help="table, json or html")]
+Format = Literal["table", "json", "html"]
+
+
+def _load(path: Path | None) -> Config:
+    from ncap.cli._load import load_or_exit
+
+    return load_or_exit(path)
+
+
+def _format(value: str) -> Format:
+    if value not in ("table", "json", "html"):
+        raise typer.BadParameter("use table, json or html", param_hint="--format")
+    return value  # type: ignore[return-value]
+
+
+def audit(
+    since: Annotated[str, typer.Option(help="Window length back from now, e.g. 7d, 24h")] = "7d",
+    format: FormatOpt = "table",
+    ledger: LedgerOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Audit the ledger: candidate counts, output per request, exceptions, denials, spend."""
+    fmt = _format(format)
+    try:
+        length = parse_duration(since)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+    if length <= timedelta(0):
+        raise typer.BadParameter("the window must be longer than zero", param_hint="--since")
+    cfg = _load(config)
+    _run(cfg, ledger, since_window(length, utcnow()), "audit", fmt)
+
+
+@report_app.command("daily")
+def daily(
+    day: Annotated[
+        str | None, typer.Option("--date", help="UTC day YYYY-MM-DD (default: yesterday)")
+    ] = None,
+    format: FormatOpt = "table",
+    ledger: LedgerOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """The daily control: one UTC day against the thresholds of ``reports.thresholds``."""
+    fmt = _format(format)
+    try:
+        chosen = date.fromisoformat(day) if day else (utcnow() - timedelta(days=1)).date()
+    except ValueError:
+        raise typer.BadParameter("use YYYY-MM-DD", param_hint="--date") from None
+    cfg = _load(config)
+    _run(cfg, ledger, day_window(chosen), "daily", fmt)
+
+
+def _run(
+    cfg: Config, ledger: str | None, window: Window, kind: Literal["audit", "daily"], fmt: Format
+) -> None:
+    try:
+        source = source_from_url(ledger or cfg.stores.ledger)
+    except ConfigError as exc:
+        err.print(f"[red]error[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    try:
+        with _progress() as step:
+            report = build_report(
+                source,
+                window,
+                kind=kind,
+                exceptions=cfg.exceptions,
+                thresholds=cfg.reports.thresholds,
+                step=step,
+            )
+    finally:
+        source.close()
+    _emit(report, fmt)
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[str], None]]:
+    """A bar over the report's queries, on stderr, only when stdout is a terminal."""
+    if not sys.stdout.isatty():
+        yield lambda _name: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("reading the ledger", total=len(STEPS))
+        seen: list[str] = []
+
+        def step(name: str) -> None:
+            if seen:
+                progress.advance(task)
+            seen.append(name)
+            progress.update(task, description=f"query: {name}")
+
+        yield step
+        progress.update(task, completed=len(STEPS))
+
+
+def _emit(report: Report, fmt: Format) -> None:
+    if fmt == "json":
+        typer.echo(render_json(report))
+    elif fmt == "html":
+        typer.echo(render_html(report))
+    else:
+        render_tables(report, Console(highlight=False))
+
+
+def generate(
+    rows: Annotated[int, typer.Option(help="Rows (attempts) to write", min=1)] = 100_000,
+    out: Annotated[Path, typer.Option(help="New SQLite ledger file")] = Path("synthetic.db"),
+    days: Annotated[int, typer.Option(help="Days of history, ending now", min=2)] = 14,
+    shift_day: Annotated[
+        str | None, typer.Option(help="Day the n=2 client change starts (default: 2 days ago)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed")] = 11,
+    write_config: Annotated[
+        Path | None, typer.Option(help="Also write a matching config (exceptions, routes)")
+    ] = None,
+) -> None:
+    """Write a realistic synthetic ledger (for tests, benchmarks and demos)."""
+    from ncap.testing.ledger_gen import LedgerSpec, generate_ledger, synthetic_config
+
+    try:
+        shift = date.fromisoformat(shift_day) if shift_day else None
+    except ValueError:
+        raise typer.BadParameter("use YYYY-MM-DD", param_hint="--shift-day") from None
+    spec = LedgerSpec(rows=rows, days=days, seed=seed, shift_day=shift)
+    if out.exists():
+        err.print(f"[red]error[/red] {out} exists; choose a new file", highlight=False)
+        raise typer.Exit(2)
+    started = datetime.now()
+    with Progress(console=err, disable=not sys.stdout.isatty(), transient=True) as progress:
+        task = progress.add_task("writing rows", total=rows)
+        written = generate_ledger(out, spec, progress=lambda n: progress.update(task, completed=n))
+    seconds = (datetime.now() - started).total_seconds()
+    err.print(f"wrote {written:,} rows to {out} in {seconds:.1f} s", highlight=False)
+    if write_config:
+        write_config.write_text(yaml.safe_dump(synthetic_config(spec, out), sort_keys=False))
+        err.print(f"wrote the matching config to {write_config}", highlight=False)

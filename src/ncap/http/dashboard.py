@@ -1,0 +1,265 @@
+"""``/dashboard``: the audit report as charts and tables, for the admin key only.
+
+Who may see it: whoever presents the admin key, the value of the environment variable
+``server.admin_key_env`` names. A script sends it as ``Authorization: Bearer <key>``;
+a browser posts it once to the sign-in form and gets a session cookie
+(``HttpOnly; SameSite=Strict; Path=/dashboard``) holding an expiry and an HMAC of
+it keyed by the admin key, so the key itself is never in a URL or a cookie, no
+session table is needed, and changing the key signs every browser out. Any other
+key (a workload's API key included) is refused with 403. Without an admin key set
+the dashboard is off (403 saying so).
+
+What it shows: ``build_report`` over the configured ledger for the chosen window
+(default the last 24 hours against the 24 before), rendered by the same template as
+``ncap audit --format html``: server-side SVG, inline CSS, no script, nothing fetched
+(a Content-Security-Policy of ``default-src 'none'`` makes sure), every value
+escaped. The report is built in a worker thread and kept for ``CACHE_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from jinja2 import Environment, select_autoescape
+
+from ncap.config import Config, parse_duration, utcnow
+from ncap.errors import ConfigError
+from ncap.reports import (
+    Report,
+    build_report,
+    ensure_report_indexes,
+    render_html,
+    report_dict,
+    since_window,
+    source_from_url,
+)
+from ncap.stores import sqlite_target
+
+__all__ = ["DASHBOARD_PATH", "add_dashboard_routes"]
+
+log = logging.getLogger("ncap.dashboard")
+DASHBOARD_PATH = "/dashboard"
+COOKIE = "ncap_dashboard"
+SESSION_S = 12 * 3600
+CACHE_S = 30.0
+CHOICES = ("1h", "24h", "7d", "30d")
+DEFAULT_SINCE = "24h"
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>ncap dashboard · sign in</title><style>body{font:15px system-ui,sans-serif;
+margin:10vh auto;max-width:420px;color:#1d2530}input{width:100%;padding:6px;margin:8px 0}
+.msg{background:#fde2e1;padding:6px 8px;border-radius:4px}</style></head><body>
+<h1>ncap dashboard</h1>{% if message %}<p class="msg" id="message">{{ message }}</p>{% endif %}
+{% if enabled %}<form method="post" action="{{ action }}"><label>admin key
+<input type="password" name="key" autocomplete="current-password" autofocus></label>
+<button type="submit">sign in</button></form>{% endif %}</body></html>"""
+
+
+@dataclass(slots=True)
+class _Dashboard:
+    """Per-app state: the admin key (read once at start-up) and the report cache."""
+
+    config: Config
+    admin_key: str | None
+    cache: dict[str, tuple[float, Report]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    login: Any = None
+
+    def session_value(self, expires: int) -> str:
+        assert self.admin_key is not None
+        mac = hmac.new(
+            self.admin_key.encode(), f"ncap-dashboard:{expires}".encode(), hashlib.sha256
+        ).hexdigest()
+        return f"{expires}.{mac}"
+
+    def valid_session(self, cookie: str | None) -> bool:
+        if not cookie or self.admin_key is None or "." not in cookie:
+            return False
+        expires, _, _ = cookie.partition(".")
+        if not expires.isdigit() or int(expires) < time.time():
+            return False
+        return secrets.compare_digest(cookie, self.session_value(int(expires)))
+
+    def is_admin_key(self, key: str) -> bool:
+        return self.admin_key is not None and secrets.compare_digest(
+            key.encode(), self.admin_key.encode()
+        )
+
+
+DASHBOARD = web.AppKey("dashboard", _Dashboard)
+
+
+def add_dashboard_routes(app: web.Application, config: Config) -> None:
+    """Register ``/dashboard`` (page, sign-in, sign-out, JSON) on ``app``."""
+    key = os.environ.get(config.server.admin_key_env) or None
+    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+    app[DASHBOARD] = _Dashboard(config, key, login=env.from_string(_LOGIN))
+    app.router.add_get(DASHBOARD_PATH, page)
+    app.router.add_post(f"{DASHBOARD_PATH}/login", login)
+    app.router.add_post(f"{DASHBOARD_PATH}/logout", logout)
+    app.router.add_get(f"{DASHBOARD_PATH}/report.json", report_json)
+    app.on_startup.append(_index_ledger)  # after the stores opened (cleanup_ctx runs first)
+
+
+async def _index_ledger(app: web.Application) -> None:
+    """Give a SQLite ledger the report's partial index (reports/indexes.py); without it
+    the report still works, by scanning, so a failure is only logged."""
+    url = app[DASHBOARD].config.stores.ledger
+    if urlsplit(url).scheme != "sqlite":
+        return
+    try:
+        path, _ = sqlite_target(url)
+        await asyncio.to_thread(ensure_report_indexes, path)
+    except (ConfigError, sqlite3.Error) as exc:
+        log.warning("report index not created on %s: %s", url, type(exc).__name__)
+
+
+def _html(body: str, status: int = 200) -> web.Response:
+    return web.Response(
+        text=body, status=status, content_type="text/html", charset="utf-8", headers=_HEADERS
+    )
+
+
+def _login_page(state: _Dashboard, message: str | None, status: int) -> web.Response:
+    body = state.login.render(
+        message=message, enabled=state.admin_key is not None, action=f"{DASHBOARD_PATH}/login"
+    )
+    return _html(body, status)
+
+
+def _refusal(request: web.Request) -> tuple[int, str] | None:
+    """None when the request carries the admin key (header or session cookie)."""
+    state = request.app[DASHBOARD]
+    if state.admin_key is None:
+        return 403, (
+            f"The dashboard is off: set the admin key in the environment variable "
+            f"{state.config.server.admin_key_env}."
+        )
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and key.strip():
+        if state.is_admin_key(key.strip()):
+            return None
+        return 403, "That key is not the admin key."
+    if state.valid_session(request.cookies.get(COOKIE)):
+        return None
+    return 401, "Sign in with the admin key."
+
+
+async def page(request: web.Request) -> web.Response:
+    state = request.app[DASHBOARD]
+    refused = _refusal(request)
+    if refused:
+        return _login_page(state, refused[1], refused[0])
+    since = _since(request)
+    report = await _report(state, since)
+    if isinstance(report, str):
+        return _html(f"<!doctype html><title>ncap dashboard</title><p>{_esc(report)}</p>", 503)
+    chrome = {
+        "path": DASHBOARD_PATH,
+        "logout": f"{DASHBOARD_PATH}/logout",
+        "choices": CHOICES,
+        "since": since,
+    }
+    return _html(render_html(report, dashboard=chrome))
+
+
+async def report_json(request: web.Request) -> web.Response:
+    refused = _refusal(request)
+    if refused:
+        code = "invalid_api_key" if refused[0] == 401 else "forbidden"
+        err = {"message": refused[1], "type": "invalid_request_error", "param": None, "code": code}
+        return web.json_response({"error": err}, status=refused[0], headers=_HEADERS)
+    report = await _report(request.app[DASHBOARD], _since(request))
+    if isinstance(report, str):
+        err = {"message": report, "type": "server_error", "param": None, "code": "ledger"}
+        return web.json_response({"error": err}, status=503, headers=_HEADERS)
+    return web.json_response(report_dict(report), headers=_HEADERS)
+
+
+async def login(request: web.Request) -> web.Response:
+    state = request.app[DASHBOARD]
+    if state.admin_key is None:
+        return _login_page(state, "The dashboard is off.", 403)
+    form = await request.post()
+    key = form.get("key")
+    if not isinstance(key, str) or not state.is_admin_key(key.strip()):
+        return _login_page(state, "That key is not the admin key.", 403)
+    expires = int(time.time()) + SESSION_S
+    response = _see_other()
+    response.set_cookie(
+        COOKIE,
+        state.session_value(expires),
+        max_age=SESSION_S,
+        path=DASHBOARD_PATH,
+        httponly=True,
+        samesite="Strict",
+        secure=request.secure,
+    )
+    return response
+
+
+async def logout(request: web.Request) -> web.Response:
+    response = _see_other()
+    response.del_cookie(COOKIE, path=DASHBOARD_PATH)
+    return response
+
+
+def _see_other() -> web.Response:
+    """A plain 303 (an ``HTTPException`` would become JSON in the error middleware)."""
+    return web.Response(status=303, headers={**_HEADERS, "Location": DASHBOARD_PATH})
+
+
+def _since(request: web.Request) -> str:
+    since = request.query.get("since", DEFAULT_SINCE)
+    return since if since in CHOICES else DEFAULT_SINCE
+
+
+def _esc(text: str) -> str:
+    from markupsafe import escape
+
+    return str(escape(text))
+
+
+async def _report(state: _Dashboard, since: str) -> Report | str:
+    """The cached report for ``since``, or a message saying why there is none."""
+    async with state.lock:  # one build at a time; a second viewer waits for the first
+        hit = state.cache.get(since)
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            return hit[1]
+        try:
+            report = await asyncio.to_thread(_build, state.config, parse_duration(since))
+        except ConfigError as exc:
+            return f"The ledger cannot be read: {exc}"
+        state.cache[since] = (time.monotonic(), report)
+        return report
+
+
+def _build(config: Config, length: timedelta) -> Report:
+    source = source_from_url(config.stores.ledger)
+    try:
+        return build_report(
+            source,
+            since_window(length, utcnow()),
+            exceptions=config.exceptions,
+            thresholds=config.reports.thresholds,
+        )
+    finally:
+        source.close()

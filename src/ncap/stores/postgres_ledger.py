@@ -1,0 +1,330 @@
+"""The shared ledger on PostgreSQL: the same columns and semantics as the SQLite one.
+
+GROUP COMMIT, as in SQLite: callers queue their writes and await a future; one writer
+task takes everything queued, runs it in one transaction — all queued appends as one
+multi-row ``INSERT … SELECT FROM unnest(…)``, then the updates — commits once, and only
+then resolves the futures. An acknowledged ``append`` is therefore committed (durable
+with the server's ``synchronous_commit``) before the attempt is dispatched, while the
+hot path pays one commit per batch rather than per request. If a batch fails for a
+reason other than the connection, each of its writes is retried alone, so one bad
+write fails alone; a connection failure fails the batch with ``StoreUnavailable``.
+
+Duplicates: the insert is ``ON CONFLICT DO NOTHING RETURNING`` the keys it wrote, so a
+second row for a (request_id, attempt) is refused with ``DuplicateAttempt`` without
+failing its neighbours. The driver is asyncpg (measured against psycopg 3:
+``bench/pg_driver.py``, docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import asyncpg
+
+from ncap.config import Pricing
+from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
+from ncap.errors import StoreUnavailable
+from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._postgres import PostgresPool, mapped
+from ncap.stores.base import DuplicateAttempt, ImportResult
+
+__all__ = ["PostgresLedgerStore"]
+
+Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+EXPORT_PAGE = 1000
+MAX_BATCH = 512
+
+_TYPES: dict[str, str] = {
+    "timestamp": "timestamptz",
+    "attempt": "int4",
+    "requested_candidate_count": "int4",
+    "effective_candidate_count": "int4",
+    "returned_candidate_count": "int4",
+    "input_tokens": "int8",
+    "cached_input_tokens": "int8",
+    "output_tokens_total": "int8",
+    "reasoning_tokens": "int8",
+    "total_tokens": "int8",
+    "reserved_input_tokens": "int8",
+    "reserved_output_tokens": "int8",
+    "reserved_cost_micros": "int8",
+    "cost_micros": "int8",
+    "finish_reasons": "jsonb",
+    "stream_mode": "bool",
+    "latency_ms": "float8",
+    "denied_limit": "int8",
+    "denied_amount": "int8",
+    "upstream_status": "int4",
+}
+_COLUMNS = ", ".join(LEDGER_COLUMNS)
+_SELECT = f"SELECT {_COLUMNS} FROM ledger_events"
+_INSERT = (
+    f"INSERT INTO ledger_events ({_COLUMNS}) SELECT * FROM unnest("
+    + ", ".join(f"${i}::{_TYPES.get(c, 'text')}[]" for i, c in enumerate(LEDGER_COLUMNS, 1))
+    + ") ON CONFLICT (request_id, attempt) DO NOTHING RETURNING request_id, attempt"
+)
+
+
+@dataclass(slots=True)
+class _Write:
+    kind: Literal["append", "update"]
+    key: tuple[str, int]
+    values: Any  # the encoded row (append) or the encoded fields (update)
+    future: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class PostgresLedgerStore:
+    """``LedgerStore`` on PostgreSQL, shared by every replica."""
+
+    def __init__(self, url: str, *, max_batch: int = MAX_BATCH) -> None:
+        self.pool = PostgresPool(url, store="ledger")
+        self._max_batch = max_batch
+        self._queue: list[_Write] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- writes (group commit) ---------------------------------------------------------
+
+    async def append(self, event: LedgerEvent) -> None:
+        row = tuple(_encode(name, getattr(event, name)) for name in LEDGER_COLUMNS)
+        await self._submit(_Write("append", (event.request_id, event.attempt), row))
+
+    async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
+        check_update_fields(fields)
+        if fields:
+            encoded = {name: _encode(name, value) for name, value in fields.items()}
+            await self._submit(_Write("update", (request_id, attempt), encoded))
+
+    async def _submit(self, write: _Write) -> None:
+        if self._closed:
+            raise RuntimeError("PostgreSQL ledger is closed")
+        self._queue.append(write)
+        if self._writer is None or self._writer.done():
+            self._wake = asyncio.Event()
+            self._writer = asyncio.create_task(self._write_loop())
+        assert self._wake is not None
+        self._wake.set()
+        await write.future  # a caller cancelled before its batch starts writes nothing
+
+    async def _write_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch = [w for w in self._queue[: self._max_batch] if not w.future.done()]
+                del self._queue[: self._max_batch]
+                if batch:
+                    try:
+                        await self._commit(batch)
+                    except Exception as exc:  # never leave a caller waiting on a dead writer
+                        for write in batch:
+                            if not write.future.done():
+                                write.future.set_exception(exc)
+            if self._closed:
+                return
+
+    async def _commit(self, batch: list[_Write]) -> None:
+        try:
+            pool = await self.pool.get()
+            outcomes = await _run_batch(pool, batch)
+        except StoreUnavailable as exc:
+            outcomes = [exc] * len(batch)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            if _connection_lost(exc):
+                outcomes = [_unavailable(exc)] * len(batch)
+            else:  # one bad write: each alone, so it fails alone
+                outcomes = [await _run_alone(self.pool, write) for write in batch]
+        for write, outcome in zip(batch, outcomes, strict=True):
+            if write.future.done():
+                continue
+            if outcome is None:
+                write.future.set_result(None)
+            else:
+                write.future.set_exception(outcome)
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(self, request_id: str) -> list[LedgerEvent]:
+        rows = await self.pool.fetch(
+            f"{_SELECT} WHERE request_id = $1 ORDER BY attempt", request_id
+        )
+        return [_decode(r) for r in rows]
+
+    async def export(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> AsyncIterator[LedgerEvent]:
+        after: tuple[datetime | None, str, int] = (since, "", -1)
+        while True:
+            rows = await self.pool.fetch(
+                f"{_SELECT} WHERE ($1::timestamptz IS NULL OR timestamp >= $1)"
+                " AND ($4::timestamptz IS NULL OR timestamp < $4)"
+                " AND ($5::timestamptz IS NULL OR (timestamp, request_id, attempt) > ($5, $2, $3))"
+                f" ORDER BY timestamp, request_id, attempt LIMIT {EXPORT_PAGE}",
+                since,
+                after[1],
+                after[2],
+                until,
+                after[0] if after[2] >= 0 else None,
+            )
+            for row in rows:
+                yield _decode(row)
+            if len(rows) < EXPORT_PAGE:
+                return
+            last = rows[-1]
+            after = (last["timestamp"], last["request_id"], last["attempt"])
+
+    async def pending(self) -> list[LedgerEvent]:
+        rows = await self.pool.fetch(
+            f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required')"
+            " ORDER BY timestamp, request_id, attempt"
+        )
+        return [_decode(r) for r in rows]
+
+    async def mark_lost(
+        self, gateway_instance: str | None = None, *, before: datetime | None = None
+    ) -> int:
+        status = await self.pool.execute(
+            "UPDATE ledger_events SET state = 'usage_reconciliation_required',"
+            " reconciliation_reason = 'gateway_lost'"
+            " WHERE state = 'reserved' AND ($1::text IS NULL OR gateway_instance = $1)"
+            " AND ($2::timestamptz IS NULL OR timestamp < $2)",
+            gateway_instance,
+            before,
+        )
+        return int(status.split()[-1])
+
+    async def import_reconciliation(
+        self, rows: Iterable[ReconciliationRow], *, pricing: Mapping[str, Pricing] | None = None
+    ) -> ImportResult:
+        batch = list(rows)
+        pool = await self.pool.get()
+        with mapped():
+            async with pool.acquire() as conn, conn.transaction():
+                return await _import(conn, batch, pricing)
+
+    async def ping(self) -> None:
+        await self.pool.fetch("SELECT 1")
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._writer is not None and not self._writer.done():
+            assert self._wake is not None
+            self._wake.set()
+            await asyncio.gather(self._writer, return_exceptions=True)
+        await self.pool.close()
+
+
+async def _run_batch(pool: asyncpg.Pool, batch: list[_Write]) -> list[BaseException | None]:
+    """One transaction: every append in one statement, then each update."""
+    outcomes: list[BaseException | None] = [None] * len(batch)
+    appends = [i for i, w in enumerate(batch) if w.kind == "append"]
+    async with pool.acquire() as conn, conn.transaction():
+        if appends:
+            columns = list(zip(*(batch[i].values for i in appends), strict=True))
+            written = {(r[0], r[1]) for r in await conn.fetch(_INSERT, *columns)}
+            for i in appends:
+                key = batch[i].key
+                if key in written:
+                    written.discard(key)  # a second append of the same key in a batch
+                else:
+                    outcomes[i] = DuplicateAttempt(*key)
+        for i, write in enumerate(batch):
+            if write.kind == "update":
+                outcomes[i] = await _update(conn, write)
+    return outcomes
+
+
+async def _run_alone(pool: PostgresPool, write: _Write) -> BaseException | None:
+    try:
+        return (await _run_batch(await pool.get(), [write]))[0]
+    except StoreUnavailable as exc:
+        return exc
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        return _unavailable(exc)
+
+
+async def _update(conn: Conn, write: _Write) -> BaseException | None:
+    fields: dict[str, Any] = write.values
+    names = list(fields)
+    assignments = ", ".join(f"{n} = ${i}" for i, n in enumerate(names, 3))
+    status = await conn.execute(
+        f"UPDATE ledger_events SET {assignments} WHERE request_id = $1 AND attempt = $2",
+        *write.key,
+        *fields.values(),
+    )
+    if status.split()[-1] == "0":
+        return KeyError(f"no ledger row for request {write.key[0]!r} attempt {write.key[1]}")
+    return None
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    return isinstance(
+        exc,
+        asyncpg.PostgresConnectionError
+        | asyncpg.InterfaceError
+        | asyncpg.CannotConnectNowError
+        | OSError
+        | TimeoutError,
+    )
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    error = StoreUnavailable("ledger", "PostgreSQL", type(exc).__name__)
+    error.__cause__ = exc
+    return error
+
+
+def _encode(name: str, value: Any) -> Any:
+    if name == "finish_reasons":
+        return json.dumps(value, sort_keys=True)
+    if name == "timestamp" and value.tzinfo is None:
+        raise ValueError("ledger timestamps must be timezone-aware")
+    return value
+
+
+def _decode(row: asyncpg.Record) -> LedgerEvent:
+    values = dict(row.items())
+    values["finish_reasons"] = json.loads(values["finish_reasons"])
+    return LedgerEvent(**values)
+
+
+async def _import(
+    conn: Conn,
+    rows: list[ReconciliationRow],
+    pricing: Mapping[str, Pricing] | None,
+) -> ImportResult:
+    """Every candidate row is read (and locked) once, then the reconciled ones written."""
+    ids = sorted({r.provider_request_id for r in rows})
+    found: dict[str, list[LedgerEvent]] = {}
+    records = await conn.fetch(
+        f"{_SELECT} WHERE provider_request_id = ANY($1::text[])"
+        " ORDER BY request_id, attempt FOR UPDATE",
+        ids,
+    )
+    for record in records:
+        event = _decode(record)
+        found.setdefault(event.provider_request_id or "", []).append(event)
+    writes: list[LedgerEvent] = []
+
+    def write(event: LedgerEvent) -> None:
+        writes.append(event)
+        found[event.provider_request_id or ""] = [
+            event if (e.request_id, e.attempt) == (event.request_id, event.attempt) else e
+            for e in found[event.provider_request_id or ""]
+        ]
+
+    result = apply_import(rows, lambda pid: list(found.get(pid, [])), write, pricing)
+    names = [n for n in LEDGER_COLUMNS if n not in ("request_id", "attempt")]
+    for event in writes:
+        values = {n: _encode(n, getattr(event, n)) for n in names}
+        await _update(conn, _Write("update", (event.request_id, event.attempt), values))
+    return result

@@ -1,0 +1,330 @@
+"""Budgets on Redis, shared by every replica: ``quota_scope=global``.
+
+Two-phase, as every budget store (``ncap.domain.budget``): the caller estimates
+conservatively, ``reserve`` admits the whole reservation against *every* window in one
+call of a versioned Lua script (``lua/budgets_v1.lua``) or changes nothing, and
+``settle`` replaces it by actual usage (``keep``: usage pending, amounts stay held;
+``release``: never dispatched). The script is loaded once and called by SHA; redis-py
+reloads it when the server answers NOSCRIPT (a restart or SCRIPT FLUSH).
+
+The script only does bucket arithmetic. On a refusal it returns the counters it
+checked and the server's time, and ``admit`` (the same rule the other backends apply)
+raises the precise error with its retry hint. Time is Redis's (``TIME``), never the
+gateway's clock, so replicas with skewed clocks share the same minute; tests may pass
+a clock or an explicit ``now``. Window keys expire on their own; all of a workload's
+keys share one hash tag (``ncap:b1:{workload}:…``), so the store is Redis Cluster
+ready. Driver errors become ``StoreUnavailable`` in one place (``_mapped``).
+
+URL: ``redis://host:6379/0?prefix=ncap`` (``rediss://`` for TLS); ``prefix`` namespaces
+the keys (tests use one per test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from importlib.resources import files
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from uuid import uuid4
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
+from ncap.errors import StoreUnavailable
+from ncap.stores._common import hold_ref
+from ncap.stores.base import Hold
+
+__all__ = ["SCRIPT_VERSION", "RedisBudgetStore", "redis_target"]
+
+SCRIPT_VERSION = "budgets_v1"
+KEY_SCHEMA = "b1"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NONE = -1  # "no limit" for the script
+_Reserved = tuple[str, str, list[Any]]  # workload, hold id, the script's answer
+
+
+def redis_target(url: str) -> tuple[str, str]:
+    """``redis://…?prefix=p`` -> (the URL without ``prefix``, the prefix)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    prefix = next((v for k, v in query if k == "prefix"), "ncap")
+    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
+    return urlunsplit(parts._replace(query=rest)), prefix
+
+
+@contextlib.contextmanager
+def _mapped() -> Iterator[None]:
+    """Every redis-py failure (connection refused, timeout, loading, script error)
+    becomes the one store error the gateway turns into a 503."""
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise StoreUnavailable("budgets", "Redis", type(exc).__name__) from exc
+
+
+def _script_source() -> str:
+    return files("ncap.stores").joinpath(f"lua/{SCRIPT_VERSION}.lua").read_text()
+
+
+def _us(now: datetime) -> int:
+    if now.tzinfo is None:
+        raise ValueError("budget clocks must be timezone-aware")
+    return (now - EPOCH) // timedelta(microseconds=1)
+
+
+def _at(us: int | bytes | str) -> datetime:
+    return EPOCH + timedelta(microseconds=int(us))
+
+
+def _limit(value: int | None) -> int:
+    return _NONE if value is None else value
+
+
+class RedisBudgetStore:
+    """``BudgetStore`` on one Redis (or a Redis Cluster slot per workload)."""
+
+    quota_scope = "global"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        gateway_instance: str = "local",
+        clock: Callable[[], datetime] | None = None,
+        connect_timeout_s: float = 5.0,
+        timeout_s: float = 5.0,
+        max_connections: int = 64,
+        pool_timeout_s: float = 10.0,
+    ) -> None:
+        target, self.prefix = redis_target(url)
+        self._instance = gateway_instance
+        self._clock = clock
+        # a bounded pool that waits for a free connection rather than failing a burst:
+        # a dead Redis fails fast (connect/socket timeouts), a busy pool only queues
+        pool = aioredis.BlockingConnectionPool.from_url(
+            target,
+            max_connections=max_connections,
+            timeout=pool_timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=timeout_s,
+        )
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._script = self._redis.register_script(_script_source())
+        self._workloads_key = f"{self.prefix}:{KEY_SCHEMA}:workloads"
+        self._known: set[str] = set()
+        self._orphans: set[asyncio.Task[Any]] = set()
+
+    # -- keys --------------------------------------------------------------------------
+
+    def _base(self, workload_id: str) -> str:
+        tag = workload_id
+        if "{" in tag or "}" in tag:
+            tag = hashlib.sha1(workload_id.encode()).hexdigest()
+        return f"{self.prefix}:{KEY_SCHEMA}:{{{tag}}}"
+
+    async def _call(self, workload_id: str, *args: Any) -> Any:
+        with _mapped():
+            return await self._script(keys=[self._base(workload_id)], args=list(args))
+
+    def _now_arg(self, now: datetime | None) -> str:
+        if now is None and self._clock is not None:
+            now = self._clock()
+        return "" if now is None else str(_us(now))
+
+    # -- the port ----------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        workload_id: str,
+        windows: BudgetWindows,
+        amounts: Amounts,
+        *,
+        exception_id: str | None = None,
+        now: datetime | None = None,
+        hold_id: str | None = None,
+    ) -> Hold:
+        hold_id = hold_id or uuid4().hex
+        args = self._reserve_args(workload_id, windows, amounts, exception_id, now, hold_id)
+        task = asyncio.ensure_future(self._reserve(workload_id, hold_id, args))
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_orphan)
+            raise
+        return self._admitted(workload_id, windows, amounts, exception_id, hold_id, result)
+
+    def _reserve_args(
+        self,
+        workload_id: str,
+        windows: BudgetWindows,
+        amounts: Amounts,
+        exception_id: str | None,
+        now: datetime | None,
+        hold_id: str,
+    ) -> list[Any]:
+        exception_budget = windows.exception_budget_micros if exception_id else None
+        return [
+            "reserve",
+            self._now_arg(now),
+            hold_id,
+            exception_id or "",
+            self._instance,
+            amounts.tokens,
+            amounts.cost_micros,
+            _limit(windows.tokens_per_minute),
+            _limit(windows.requests_per_minute),
+            _limit(windows.tokens_per_day),
+            _limit(windows.usd_per_day_micros),
+            _limit(windows.usd_per_month_micros),
+            _limit(windows.max_concurrency),
+            _limit(exception_budget),
+            workload_id,
+        ]
+
+    async def _reserve(self, workload_id: str, hold_id: str, args: list[Any]) -> _Reserved:
+        await self._register(workload_id)
+        return workload_id, hold_id, list(await self._call(workload_id, *args))
+
+    async def _register(self, workload_id: str) -> None:
+        """The set of workloads lets sweeps and reconciliation find every hold."""
+        if workload_id not in self._known:
+            with _mapped():
+                await self._redis.sadd(self._workloads_key, workload_id)
+            self._known.add(workload_id)
+
+    def _admitted(
+        self,
+        workload_id: str,
+        windows: BudgetWindows,
+        amounts: Amounts,
+        exception_id: str | None,
+        hold_id: str,
+        reserved: _Reserved,
+    ) -> Hold:
+        result = reserved[2]
+        status, at = int(result[0]), _at(result[1])
+        buckets = Buckets.at(at)
+        if status == -1:
+            raise ValueError(f"hold {hold_id!r} already exists")
+        if status == 0:
+            admit(workload_id, exception_id, _usage(result[2:]), windows, amounts, buckets)
+            raise RuntimeError("budget script refused a reservation the admission rule allows")
+        return Hold(
+            hold_id=hold_id,
+            workload_id=workload_id,
+            exception_id=exception_id,
+            tokens=amounts.tokens,
+            cost_micros=amounts.cost_micros,
+            minute=buckets.minute,
+            day=buckets.day,
+            month=buckets.month,
+            gateway_instance=self._instance,
+            created_at=at,
+        )
+
+    async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
+        if actual_tokens < 0 or actual_cost_micros < 0:
+            raise ValueError("actual usage cannot be negative")
+        return await self._on_hold(hold, "settle", actual_tokens, actual_cost_micros)
+
+    async def keep(self, hold: Hold | str) -> bool:
+        return await self._on_hold(hold, "keep")
+
+    async def release(self, hold: Hold | str) -> bool:
+        return await self._on_hold(hold, "release")
+
+    async def _on_hold(self, hold: Hold | str, op: str, *args: Any) -> bool:
+        """By object: its workload's keys; by id alone (reconciliation): every workload."""
+        ref = hold_ref(hold)
+        workloads = [hold.workload_id] if isinstance(hold, Hold) else await self._workloads()
+        for workload_id in workloads:
+            if int(await self._call(workload_id, op, ref, *args)) == 1:
+                return True
+        return False
+
+    async def _workloads(self) -> list[str]:
+        with _mapped():
+            members = await self._redis.smembers(self._workloads_key)
+        return sorted(_text(m) for m in members)
+
+    async def outstanding(self, workload_id: str | None = None) -> list[Hold]:
+        workloads = [workload_id] if workload_id is not None else await self._workloads()
+        holds: list[Hold] = []
+        for w in workloads:
+            with _mapped():
+                raw = await self._redis.hgetall(f"{self._base(w)}:h")
+            holds += [_hold(_text(k), json.loads(v)) for k, v in raw.items()]
+        return sorted(holds, key=lambda h: (h.created_at, h.hold_id))
+
+    async def usage(
+        self, workload_id: str, *, exception_id: str | None = None, now: datetime | None = None
+    ) -> Usage:
+        result = await self._call(workload_id, "usage", self._now_arg(now), exception_id or "")
+        return _usage(result[1:])
+
+    async def recover_lost(self, gateway_instance: str | None = None) -> int:
+        total = 0
+        for workload_id in await self._workloads():
+            total += int(await self._call(workload_id, "recover", gateway_instance or ""))
+        return total
+
+    async def ping(self) -> None:
+        with _mapped():
+            await self._redis.ping()
+
+    async def close(self) -> None:
+        if self._orphans:
+            await asyncio.gather(*self._orphans, return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.aclose()
+
+    def _release_orphan(self, task: asyncio.Task[_Reserved]) -> None:
+        """A caller cancelled while its reservation ran: give an admitted hold back."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        workload_id, hold_id, result = task.result()
+        if int(result[0]) != 1:
+            return
+        orphan = asyncio.ensure_future(self._call(workload_id, "release", hold_id))
+        self._orphans.add(orphan)
+        orphan.add_done_callback(self._orphans.discard)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _usage(values: list[Any]) -> Usage:
+    tm, rm, td, cd, cm, cx, in_flight = (int(v) for v in values)
+    return Usage(
+        tokens_minute=tm,
+        requests_minute=rm,
+        tokens_day=td,
+        cost_day=cd,
+        cost_month=cm,
+        cost_exception=cx,
+        in_flight=in_flight,
+    )
+
+
+def _hold(hold_id: str, rec: dict[str, Any]) -> Hold:
+    buckets = Buckets.at(_at(rec["at"]))
+    return Hold(
+        hold_id=hold_id,
+        workload_id=rec["w"],
+        exception_id=rec["x"] or None,
+        tokens=int(rec["t"]),
+        cost_micros=int(rec["c"]),
+        minute=buckets.minute,
+        day=buckets.day,
+        month=buckets.month,
+        gateway_instance=rec["g"],
+        created_at=buckets.now,
+        state=rec["s"],
+    )

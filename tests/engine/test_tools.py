@@ -1,0 +1,137 @@
+"""Tool requests without the model: parsing, the grammar text, output parsing, streaming
+hold-back, and the prefix cache's prefix arithmetic."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ncap.engine import chat_params
+from ncap.engine.chat_template import ChatTemplate
+from ncap.engine.prefix_cache import common_prefix
+from ncap.engine.tools import ToolChoiceText, parse_calls, tool_grammar, tool_spec
+from ncap.errors import InvalidType, InvalidValue
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "param"),
+    [
+        ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, InvalidValue, "tools.[0].type"),
+        ({"tools": [WEATHER, WEATHER]}, InvalidValue, "tools"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            InvalidValue,
+            "tool_choice",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]},
+            InvalidType,
+            "tools.[0].function.parameters",
+        ),
+        (
+            {"tools": [WEATHER], "response_format": {"type": "json_object"}},
+            InvalidValue,
+            "response_format",
+        ),
+    ],
+)
+def test_bad_tool_requests_are_400s(
+    body: dict[str, Any], error: type[Exception], param: str
+) -> None:
+    with pytest.raises(error) as info:
+        chat_params({"messages": MESSAGES, **body})
+    assert getattr(info.value, "param", None) == param
+
+
+def test_tool_choice_none_means_no_tools_and_named_means_one() -> None:
+    assert (
+        chat_params({"messages": MESSAGES, "tools": [WEATHER], "tool_choice": "none"}).tools is None
+    )
+    named = tool_spec(
+        {
+            "tools": [WEATHER, TIME],
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        }
+    )
+    assert named is not None and [t.name for t in named.callable] == ["get_time"]
+    spec = tool_spec({"tools": [WEATHER, TIME], "parallel_tool_calls": False})
+    assert spec is not None and (spec.choice, spec.parallel) == ("auto", False)
+
+
+def test_grammar_offers_prose_only_under_auto() -> None:
+    auto = tool_spec({"tools": [WEATHER, TIME]})
+    required = tool_spec({"tools": [WEATHER, TIME], "tool_choice": "required"})
+    assert auto is not None and required is not None
+    assert tool_grammar(auto).startswith("root ::= tool-calls | prose\n")
+    assert tool_grammar(required).startswith("root ::= tool-calls\n")
+    assert '\\"get_weather\\"' in tool_grammar(required) or "get_weather" in tool_grammar(required)
+    assert tool_grammar(required).count("root ::=") == 1
+
+
+def test_calls_are_parsed_with_ids_and_json_arguments() -> None:
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+    (call,) = parse_calls(text) or []
+    assert (call.name, json.loads(call.arguments)) == ("get_time", {"timezone": "UTC"})
+    assert call.id.startswith("call_")
+    assert parse_calls("Hello") is None
+    assert parse_calls('<tool_call>\n{"name": "get_ti') is None  # cut by the length limit
+
+
+def test_a_call_is_held_back_until_its_choice_ends_prose_is_not() -> None:
+    prose = ToolChoiceText()
+    assert prose.feed(" ", False) == ("", None)
+    assert prose.feed("Hello", False) == (" Hello", None)
+    call = ToolChoiceText()
+    assert call.feed("<tool_call>\n", False) == ("", None)
+    text, calls = call.feed('{"name": "f", "arguments": {}}\n</tool_call>', True)
+    assert text == "" and calls is not None and calls[0].name == "f"
+    cut = ToolChoiceText()
+    cut.feed("<tool_call>\n{", False)
+    assert cut.feed('"na', True) == ('<tool_call>\n{"na', None)
+
+
+def test_chatml_fallback_renders_tools_calls_and_results() -> None:
+    template = ChatTemplate(None)
+    spec = tool_spec({"tools": [WEATHER]})
+    history = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "rain"},
+    ]
+    text = template.render(history, spec)
+    assert text.startswith("<|im_start|>system\nYou are a function calling AI model.")
+    assert '"name": "get_weather"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\nrain\n</tool_response><|im_end|>" in text
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "n"),
+    [((), (1,), 0), ((1, 2, 3), (1, 2, 3), 3), ((1, 2, 3), (1, 2, 4), 2), ((5,), (1,), 0)],
+)
+def test_common_prefix(a: tuple[int, ...], b: tuple[int, ...], n: int) -> None:
+    assert common_prefix(a, b) == n == common_prefix(b, a)
+    long = tuple(range(1000))
+    assert common_prefix(long, (*long[:777], -1)) == 777

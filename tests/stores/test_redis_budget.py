@@ -1,0 +1,85 @@
+"""What the Redis budget store adds to the contract: the script by SHA, server time,
+expiring hash-tagged keys, and failing closed while Redis is away."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from ncap.domain.budget import Amounts, BudgetWindows
+from ncap.errors import StoreUnavailable
+from ncap.stores import RedisBudgetStore
+from tests.servers import free_port, private_redis
+from tests.services import REDIS_URL, redis_prefix
+
+pytestmark = pytest.mark.redis
+
+W = "team{a}"  # braces in a workload id must not break the hash tag
+WINDOWS = BudgetWindows(usd_per_day_micros=1_000_000, max_concurrency=4)
+
+
+async def test_script_is_called_by_sha_and_reloaded_after_a_flush() -> None:
+    async with redis_prefix() as url:
+        store = RedisBudgetStore(url)
+        client = aioredis.Redis.from_url(REDIS_URL)
+        try:
+            await store.reserve("w", WINDOWS, Amounts(10, 10))
+            sha = store._script.sha
+            assert (await client.script_exists(sha)) == [True]
+            await client.script_flush()
+            assert (await client.script_exists(sha)) == [False]
+            await store.reserve("w", WINDOWS, Amounts(10, 10))  # NOSCRIPT -> load -> retry
+            assert (await client.script_exists(sha)) == [True]
+            assert (await store.usage("w")).in_flight == 2
+        finally:
+            await store.close()
+            await client.aclose()
+
+
+async def test_windows_use_the_server_clock_and_keys_expire_under_one_hash_tag() -> None:
+    async with redis_prefix() as url:
+        store = RedisBudgetStore(url)  # no clock: the server's TIME
+        client = aioredis.Redis.from_url(REDIS_URL)
+        try:
+            seconds, _ = await client.time()
+            hold = await store.reserve(W, WINDOWS, Amounts(10, 10), exception_id="x1")
+            assert abs(hold.created_at.timestamp() - seconds) < 5
+            prefix = store.prefix
+            keys = sorted([k.decode() async for k in client.scan_iter(match=f"{prefix}:*")])
+            tagged = [k for k in keys if not k.endswith(":workloads")]
+            tags = {k.split("{", 1)[1].split("}", 1)[0] for k in tagged}
+            assert len(tags) == 1 and "{" not in next(iter(tags))  # one slot per workload
+            ttls = {k.split("}:", 1)[1].split(":")[0]: await client.ttl(k) for k in tagged}
+            assert 0 < ttls["tm"] <= 120 and 0 < ttls["rm"] <= 120
+            assert 86_400 < ttls["td"] <= 172_800 and 86_400 < ttls["cd"] <= 172_800
+            assert 28 * 86_400 < ttls["cm"] <= 35 * 86_400
+            holds_key = next(k for k in tagged if k.endswith(":h"))
+            assert await client.ttl(holds_key) == -1  # holds live until settled
+            assert await store.settle(hold, 5, 5)
+            assert (await store.usage(W, exception_id="x1")).cost_exception == 5
+        finally:
+            await store.close()
+            await client.aclose()
+
+
+async def test_unreachable_redis_fails_closed_and_recovers_by_itself(tmp_path: Path) -> None:
+    nobody = RedisBudgetStore(f"redis://127.0.0.1:{free_port()}/0", connect_timeout_s=0.5)
+    with pytest.raises(StoreUnavailable) as info:
+        await nobody.reserve("w", WINDOWS, Amounts(1, 1))
+    assert info.value.status == 503 and info.value.store == "budgets"
+    await nobody.close()
+    with private_redis(tmp_path) as server:
+        store = RedisBudgetStore(server.url, connect_timeout_s=0.5, timeout_s=1)
+        try:
+            await store.reserve("w", WINDOWS, Amounts(1, 1))
+            server.stop()
+            for _ in range(2):
+                with pytest.raises(StoreUnavailable):
+                    await store.reserve("w", WINDOWS, Amounts(1, 1))
+            server.start()  # an empty Redis: the script is reloaded on NOSCRIPT
+            hold = await store.reserve("w", WINDOWS, Amounts(1, 1))
+            assert await store.release(hold)
+        finally:
+            await store.close()
