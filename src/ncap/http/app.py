@@ -23,6 +23,7 @@ from aiohttp import web
 from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config
+from ncap.domain.grants import Grants
 from ncap.errors import (
     BodyTooLarge,
     InvalidApiKey,
@@ -30,6 +31,7 @@ from ncap.errors import (
     NcapError,
     PolicyDenied,
 )
+from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
 from ncap.http.dashboard import add_dashboard_routes
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
@@ -38,7 +40,8 @@ from ncap.metrics import Metrics
 from ncap.providers import provider_for
 from ncap.providers.base import Provider
 from ncap.providers.openai import OpenAIProvider
-from ncap.stores import budgets_from_url, ledger_from_url
+from ncap.stores import budgets_from_url, ledger_from_url, sqlite_target
+from ncap.stores.admin import AdminStore, admin_store_for_ledger
 
 __all__ = ["create_app"]
 
@@ -173,7 +176,10 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
 
 
 def _authenticate(request: web.Request, config: Config) -> Caller:
-    if not config.keys:
+    """The caller of a key in force (config's and admin-made, minus revoked ones);
+    while no key was ever set, every request is workload ``default``."""
+    grants = request.app[GRANTS]
+    if not grants.keys_required:
         return Caller("default", "default")
     header = request.headers.get("Authorization", "")
     if not header.strip():
@@ -185,7 +191,7 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
     scheme, _, key = header.partition(" ")
     if scheme.lower() == "bearer" and key:
         digest = hash_key(key.strip())
-        for entry in config.keys:
+        for entry in grants.keys:
             if secrets.compare_digest(entry.hash, digest):
                 return Caller(entry.workload, entry.environment)
     raise InvalidApiKey("Incorrect API key provided.")
@@ -300,6 +306,12 @@ async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) 
     metrics.watch_engine_queue(depth)
 
 
+def _admin_store(config: Config) -> AdminStore:
+    url = config.stores.ledger
+    path = sqlite_target(url)[0] if url.startswith("sqlite://") else None
+    return admin_store_for_ledger(url, path)
+
+
 def create_app(config: Config, *, instance_id: str | None = None) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
@@ -309,7 +321,11 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     metrics_ = Metrics()
     ledger = ObservedLedger(ledger_from_url(config.stores.ledger), metrics_)
     budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
-    accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
+    grants = app[GRANTS] = Grants.from_config(config)
+    admin_store = app[ADMIN_STORE] = _admin_store(config)
+    accounting = Accounting(
+        config, ledger, budgets, instance=instance, metrics=metrics_, grants=grants
+    )
     gauges = app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
     )
@@ -330,9 +346,11 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     add_dashboard_routes(app, config)
+    add_admin_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
         await accounting.start()
+        grants.apply(await admin_store.changes())  # admin-made entries survive a restart
         await gauges.refresh(force=True)
         await _warm_local_engines(routes.values(), metrics_)
         yield
@@ -340,6 +358,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
         for rt in routes.values():
             await rt.provider.aclose()
         await accounting.close()
+        await admin_store.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -71,7 +71,7 @@ class Admitter:
         return decide(
             workload_id=caller.workload_id,
             workload=self.config.workloads[caller.workload_id],
-            exceptions=self.config.exceptions,
+            exceptions=self.accounting.grants.exceptions,
             limits=self.config.limits,
             requested=_given(request.n),
             temperature=float(temperature) if temperature is not None else None,

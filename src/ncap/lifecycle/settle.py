@@ -19,9 +19,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ncap.config import Config, Pricing
+from ncap.config import Config, ExceptionGrant, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent, settle
+from ncap.domain.grants import Grants
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
 from ncap.errors import NcapError
@@ -48,14 +49,17 @@ class Accounting:
         instance: str,
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        grants: Grants | None = None,
     ) -> None:
         self.config = config
+        # exceptions and keys in force (the admin API changes them without a restart)
+        self.grants = grants or Grants.from_config(config)
         self.ledger = ledger
         self.budgets = budgets
         self.instance = instance
         self.metrics = metrics
         self.clock = clock
-        self._window_cache: dict[tuple[str, str | None], BudgetWindows] = {}
+        self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
 
     # -- lifecycle of the stores -------------------------------------------------------
 
@@ -105,12 +109,12 @@ class Accounting:
             self.metrics.reservations_outstanding.dec()
 
     def _windows(self, caller: Caller, decision: Decision) -> BudgetWindows:
-        """The workload's windows with its engaged exception's; config is frozen, so each
-        pair is converted (USD to micro-USD) once."""
-        key = (caller.workload_id, decision.exception_id)
+        """The workload's windows with its engaged exception's; grants are frozen values,
+        so each pair is converted (USD to micro-USD) once."""
+        grant = self.grants.exception(decision.exception_id)
+        key = (caller.workload_id, grant)
         windows = self._window_cache.get(key)
         if windows is None:
-            grant = next((e for e in self.config.exceptions if e.id == key[1]), None)
             workload = self.config.workloads[caller.workload_id]
             windows = self._window_cache[key] = BudgetWindows.for_workload(workload, grant)
         return windows
