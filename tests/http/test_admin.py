@@ -182,9 +182,8 @@ def test_config_exception_revoked_and_kept_revoked(
         assert _admin(gw).delete("/admin/exceptions/eval-q4").status_code == 200
         with pytest.raises(openai.BadRequestError):
             _n3(_sdk(gw))
-    with gateway(config) as gw:
-        with pytest.raises(openai.BadRequestError):
-            _n3(_sdk(gw))
+    with gateway(config) as gw, pytest.raises(openai.BadRequestError):
+        _n3(_sdk(gw))
 
 
 @pytest.mark.parametrize(
