@@ -34,6 +34,7 @@ from ncap.errors import (
 from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
 from ncap.http.dashboard import add_dashboard_routes
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
+from ncap.http.signals import RequestSignals, tracer_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
@@ -55,6 +56,7 @@ ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
 GAUGES = web.AppKey("gauges", StoreGauges)
 REQUEST_ID = web.RequestKey("request_id", str)
+SIGNALS = web.AppKey("signals", RequestSignals)
 
 
 class _NoStats:
@@ -201,15 +203,34 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     request_id = app[REQUEST_IDS].next()
     request[REQUEST_ID] = request_id
-    caller = _authenticate(request, app[CONFIG])
-    admission = app[ADMISSION]
-    admission.enter()
+    signals = app[SIGNALS]
+    signals.begin(request_id)
     try:
-        raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
-        reply = await app[GATEWAY].chat(raw, caller, request_id)
-        return await _write(request, reply, request_id)
-    finally:
-        admission.leave()
+        caller = _authenticate(request, app[CONFIG])
+        signals.caller(request_id, caller)
+        admission = app[ADMISSION]
+        admission.enter()
+        try:
+            raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
+            reply = await app[GATEWAY].chat(raw, caller, request_id)
+            return await _write(request, reply, request_id)
+        finally:
+            admission.leave()
+    except BaseException as exc:
+        signals.responded(request_id, *_status_of(exc))
+        signals.end(request_id)  # a no-op when the answer already ended it
+        raise
+
+
+def _status_of(exc: BaseException) -> tuple[int, str | None]:
+    """The status and code the client gets for ``exc`` (what the error middleware sends)."""
+    if isinstance(exc, NcapError):
+        return exc.status, str(exc.code)
+    if isinstance(exc, web.HTTPException):
+        return exc.status, None
+    if isinstance(exc, asyncio.CancelledError):
+        return 499, "client_closed_request"
+    return 500, "internal_error"
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -227,6 +248,8 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         return await _write_body(request, reply)
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
     stream = reply.stream
+    signals = request.app[SIGNALS]
+    signals.responded(request_id, reply.status)
     try:
         # started before anything can fail, so that closing it always runs its
         # settlement and closes the upstream (its first event is already here)
@@ -240,15 +263,30 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         pass  # the client went away; closing the stream cancels the upstream request
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
+        signals.end(request_id)  # every attempt of the stream is closed by now
     return response
 
 
 async def _write_body(request: web.Request, reply: Reply) -> web.StreamResponse:
     """The bookkeeping runs beside the answer, so a keep-alive connection's next request
     does not wait for it; the app tracks it and drains it on shutdown."""
+    signals, request_id = request.app[SIGNALS], request[REQUEST_ID]
+    signals.responded(request_id, reply.status)
     if reply.after is not None:
-        request.app[BACKGROUND].spawn(reply.after)
+        request.app[BACKGROUND].spawn(_then_end(reply.after, signals, request_id))
+    else:
+        signals.end(request_id)
     return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+
+async def _then_end(
+    settle: Coroutine[Any, Any, None], signals: RequestSignals, request_id: str
+) -> None:
+    """The settlement, then the request's access line and span (its tokens now known)."""
+    try:
+        await settle
+    finally:
+        signals.end(request_id)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -312,7 +350,9 @@ def _admin_store(config: Config) -> AdminStore:
     return admin_store_for_ledger(url, path)
 
 
-def create_app(config: Config, *, instance_id: str | None = None) -> web.Application:
+def create_app(
+    config: Config, *, instance_id: str | None = None, tracer_provider: Any = None
+) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
         middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes + 1024
@@ -323,8 +363,18 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = _admin_store(config)
+    obs = config.observability
+    signals = app[SIGNALS] = RequestSignals(
+        access_log=obs.access_log, tracer=tracer_for(obs.traces, tracer_provider)
+    )
     accounting = Accounting(
-        config, ledger, budgets, instance=instance, metrics=metrics_, grants=grants
+        config,
+        ledger,
+        budgets,
+        instance=instance,
+        metrics=metrics_,
+        grants=grants,
+        observers=[signals] if signals.enabled else [],
     )
     gauges = app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s

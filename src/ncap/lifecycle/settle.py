@@ -13,11 +13,12 @@ A ledger failure is never swallowed: it propagates and the client gets an error.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ncap.config import Config, ExceptionGrant, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
@@ -33,7 +34,17 @@ from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
 
-__all__ = ["Accounting", "usage_complete"]
+__all__ = ["Accounting", "AttemptObserver", "usage_complete"]
+
+log = logging.getLogger("ncap.lifecycle")
+
+
+class AttemptObserver(Protocol):
+    """Told when an attempt's row is final (``attempt`` None: a denial, no attempt)."""
+
+    def attempt_closed(
+        self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
+    ) -> None: ...
 
 
 class Accounting:
@@ -50,10 +61,12 @@ class Accounting:
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         grants: Grants | None = None,
+        observers: Sequence[AttemptObserver] = (),
     ) -> None:
         self.config = config
         # exceptions and keys in force (the admin API changes them without a restart)
         self.grants = grants or Grants.from_config(config)
+        self.observers = tuple(observers)
         self.ledger = ledger
         self.budgets = budgets
         self.instance = instance
@@ -133,6 +146,7 @@ class Accounting:
         )
         await self.ledger.append(event)
         self.metrics.requests.labels(plan.caller.workload_id, "deny", reason).inc()
+        self._notify(plan, None, {"state": "denied", "policy_reason": reason}, "denied")
 
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
         d, r = plan.decision, plan.attempt_reservation
@@ -194,6 +208,18 @@ class Accounting:
         await self._settle_hold(attempt, final, outcome, keeps)
         await self.ledger.update(attempt.row.request_id, attempt.row.attempt, **final)
         self._observe(attempt, final, outcome)
+        self._notify(attempt.plan, attempt, final, outcome)
+
+    def _notify(
+        self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
+    ) -> None:
+        """Tell the observers (access log, traces, budget alerts) that a row is final;
+        they never fail the request or its bookkeeping."""
+        for observer in self.observers:
+            try:
+                observer.attempt_closed(plan, attempt, final, outcome)
+            except Exception as exc:  # an observer's bug must not lose a settlement
+                log.error("attempt observer failed: %s", type(exc).__name__)
 
     def _final(
         self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
