@@ -32,6 +32,7 @@ from ncap.errors import (
     PolicyDenied,
 )
 from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
+from ncap.http.alerts import BudgetAlerter
 from ncap.http.dashboard import add_dashboard_routes
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.http.signals import RequestSignals, tracer_for
@@ -57,6 +58,7 @@ METRICS = web.AppKey("metrics", Metrics)
 GAUGES = web.AppKey("gauges", StoreGauges)
 REQUEST_ID = web.RequestKey("request_id", str)
 SIGNALS = web.AppKey("signals", RequestSignals)
+ALERTER = web.AppKey("alerter", BudgetAlerter)
 
 
 class _NoStats:
@@ -363,6 +365,7 @@ def create_app(
     budgets = budgets_from_url(config.stores.budgets, gateway_instance=instance)
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = _admin_store(config)
+    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store)
     obs = config.observability
     signals = app[SIGNALS] = RequestSignals(
         access_log=obs.access_log, tracer=tracer_for(obs.traces, tracer_provider)
@@ -374,7 +377,7 @@ def create_app(
         instance=instance,
         metrics=metrics_,
         grants=grants,
-        observers=[signals] if signals.enabled else [],
+        observers=[o for o in (signals, alerter) if o.enabled],
     )
     gauges = app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
@@ -405,6 +408,7 @@ def create_app(
         await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()
+        await alerter.drain()
         for rt in routes.values():
             await rt.provider.aclose()
         await accounting.close()

@@ -45,6 +45,7 @@ from ncap.reports import (
     since_window,
     source_from_url,
 )
+from ncap.reports.admin_tables import with_admin_exceptions
 from ncap.stores import sqlite_target
 
 __all__ = ["DASHBOARD_PATH", "add_dashboard_routes", "admin_refusal"]
@@ -264,7 +265,7 @@ def _build(config: Config, length: timedelta) -> Report:
         return build_report(
             source,
             since_window(length, utcnow()),
-            exceptions=config.exceptions,
+            exceptions=with_admin_exceptions(source, config.exceptions),
             thresholds=config.reports.thresholds,
         )
     finally:

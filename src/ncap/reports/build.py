@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from ncap.config import ExceptionGrant, Thresholds, utcnow
 from ncap.domain.money import micros_from_usd
+from ncap.reports.admin_tables import budget_alerts
 from ncap.reports.model import (
     Alert,
     DenialRow,
@@ -204,6 +205,7 @@ def build_report(
     alerts = [
         *_threshold_alerts(report, limits, now),
         *_shift_alerts(shift, limits.distribution_shift_psi),
+        *budget_alerts(source, window),
         *extra_alerts,
     ]
     elapsed = round((time.perf_counter() - started) * 1000, 1)
