@@ -319,7 +319,7 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
         await store.close()
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,)]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()

@@ -64,7 +64,7 @@ UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_req
 
 @dataclass(frozen=True, slots=True)
 class LedgerEvent:
-    """One attempt, exactly the columns of SPEC §7 (in its order)."""
+    """One attempt, the columns of SPEC §7 (in its order), then its additions."""
 
     timestamp: datetime
     request_id: str
@@ -98,6 +98,9 @@ class LedgerEvent:
     reconciliation_reason: str | None = None
     gateway_instance: str = ""
     latency_ms: float | None = None
+    # each choice's output tokens in index order, where the route reveals them (the
+    # local engine; an emulated branch's own usage); None where only the total is known
+    output_tokens_per_choice: tuple[int, ...] | None = None
 
 
 LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerEvent))

@@ -238,6 +238,7 @@ class Accounting:
             final = dict(_NOTHING_USED)
         elif settlement.state == "settled":
             final = _usage_fields(usage, attempt.route.route.pricing)
+            final["output_tokens_per_choice"] = _per_choice(attempt, report)
         else:
             final = {}
         final.update(
@@ -300,6 +301,21 @@ def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "cost_micros": cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing),
     }
+
+
+def _per_choice(attempt: Attempt, report: AttemptReport) -> tuple[int, ...] | None:
+    """Each choice's output tokens where the route revealed them: the provider's own
+    counts when they add up to its total, or an emulated branch's (one choice, its own
+    usage). Never split from a total (None then)."""
+    total = report.usage.completion_tokens if report.usage else None
+    if total is None:
+        return None
+    counts = report.choice_tokens
+    if counts is not None and len(counts) == report.returned and sum(counts) == total:
+        return counts
+    if attempt.plan.emulated and report.returned == 1:
+        return (total,)
+    return None
 
 
 def _usage_source(usage: SummaryUsage | None, stream: bool) -> Any:

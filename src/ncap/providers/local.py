@@ -84,7 +84,8 @@ class LocalProvider:
         summary = summarize(
             id_, ((c.index, c.finish_reason) for c in payload.choices), payload.usage or None
         )
-        return UpstreamResult(200, _encode(payload), summary, id_)
+        tokens = tuple(c.tokens for c in done.choices)
+        return UpstreamResult(200, _encode(payload), summary, id_, choice_tokens=tokens)
 
     @asynccontextmanager
     async def stream(
@@ -123,7 +124,10 @@ async def _events(
         if chunk is None:
             break
         data = _encode(chunk)
-        yield StreamEvent(encode_event(data), _summary(chunk), data=data)
+        counts = None
+        if isinstance(chunk.usage, Usage) and stream.finished is not None:  # after the end
+            counts = stream.finished.choice_tokens
+        yield StreamEvent(encode_event(data), _summary(chunk), data=data, choice_tokens=counts)
     yield StreamEvent(DONE, None, done=True)
 
 

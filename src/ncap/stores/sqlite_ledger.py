@@ -20,7 +20,12 @@ from typing import Any
 
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
-from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._common import (
+    apply_import,
+    check_update_fields,
+    decode_per_choice,
+    encode_per_choice,
+)
 from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
 from ncap.stores.base import DuplicateAttempt, ImportResult
 
@@ -74,6 +79,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
         """,
     ),
+    # per-choice output tokens (issue 11): "12,40,7" in choice index order, or NULL
+    (2, "ALTER TABLE ledger_events ADD COLUMN output_tokens_per_choice TEXT"),
 )
 
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
@@ -159,6 +166,8 @@ def _encode(name: str, value: Any) -> Any:
         return json.dumps(value, sort_keys=True)
     if name == "stream_mode":
         return int(bool(value))
+    if name == "output_tokens_per_choice":
+        return encode_per_choice(value)
     return value
 
 
@@ -171,6 +180,7 @@ def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
     values["timestamp"] = datetime.fromisoformat(values["timestamp"])
     values["finish_reasons"] = json.loads(values["finish_reasons"])
     values["stream_mode"] = bool(values["stream_mode"])
+    values["output_tokens_per_choice"] = decode_per_choice(values["output_tokens_per_choice"])
     return LedgerEvent(**values)
 
 

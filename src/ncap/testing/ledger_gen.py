@@ -244,6 +244,7 @@ _ROW_ORDER = (
     "reconciliation_reason",
     "gateway_instance",
     "latency_ms",
+    "output_tokens_per_choice",
 )
 
 
@@ -458,6 +459,7 @@ class _Base:
             f.get("reason"),
             self.instance,
             f.get("latency"),
+            f.get("per_choice"),
         )
 
     def denied(self, reason: str) -> tuple[Any, ...]:
