@@ -112,6 +112,7 @@ def _run(
                 window,
                 kind=kind,
                 exceptions=with_admin_exceptions(source, cfg.exceptions),
+                pricing={rid: route.pricing for rid, route in cfg.routes.items()},
                 thresholds=cfg.reports.thresholds,
                 step=step,
             )

@@ -266,6 +266,7 @@ def _build(config: Config, length: timedelta) -> Report:
             source,
             since_window(length, utcnow()),
             exceptions=with_admin_exceptions(source, config.exceptions),
+            pricing={rid: route.pricing for rid, route in config.routes.items()},
             thresholds=config.reports.thresholds,
         )
     finally:
