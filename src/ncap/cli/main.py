@@ -87,6 +87,10 @@ def serve(
         )
         raise typer.Exit(2)
     _use_uvloop()
+    if cfg.observability.access_log:
+        from ncap.http.signals import log_access_to_stdout
+
+        log_access_to_stdout()
     err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
     web.run_app(create_app(cfg), host=server.host, port=server.port, access_log=None, print=None)
 

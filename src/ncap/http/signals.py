@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,13 +29,26 @@ from ncap.lifecycle import Attempt, Caller, Plan
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["RequestSignals", "access_logger", "tracer_for"]
+__all__ = ["RequestSignals", "access_logger", "log_access_to_stdout", "tracer_for"]
 
 ACCESS_LOGGER = "ncap.access"
 
 
 def access_logger() -> logging.Logger:
     return logging.getLogger(ACCESS_LOGGER)
+
+
+def log_access_to_stdout() -> None:
+    """For ``ncap serve``: the access lines on stdout, one JSON object per line, unless
+    the operator's logging configuration already gave the logger a handler."""
+    logger = access_logger()
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def tracer_for(enabled: bool, provider: Any = None) -> Tracer | None:
