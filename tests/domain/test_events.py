@@ -55,8 +55,12 @@ SPEC_COLUMNS = [
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 
 
+# SPEC §12 (second stage) columns, after §7's
+ADDED_COLUMNS = ["output_tokens_per_choice"]
+
+
 def test_columns_are_exactly_the_specs_in_its_order() -> None:
-    assert list(LEDGER_COLUMNS) == SPEC_COLUMNS
+    assert list(LEDGER_COLUMNS) == SPEC_COLUMNS + ADDED_COLUMNS
 
 
 def test_unknown_usage_is_none_not_zero() -> None:

@@ -16,13 +16,14 @@ tokens are known), after the last byte of a stream, or at its error.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from ncap.lifecycle import Attempt, Caller, Plan
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["RequestSignals", "access_logger", "log_access_to_stdout", "tracer_for"]
 
 ACCESS_LOGGER = "ncap.access"
+_encode = msgspec.json.Encoder(order="sorted").encode
 
 
 def access_logger() -> logging.Logger:
@@ -154,9 +156,12 @@ class RequestSignals:
         record = self._open.pop(request_id, None)
         if record is None:
             return
+        logging_it = self._log is not None and self._log.isEnabledFor(logging.INFO)
+        if not logging_it and record.span is None:
+            return  # nobody listens: the line is not even built
         line = _line(record)
-        if self._log is not None:
-            self._log.info(json.dumps(line, separators=(",", ":"), sort_keys=True))
+        if logging_it and self._log is not None:
+            self._log.info(_encode(line).decode())
         if record.span is not None:
             _end_span(record.span, line)
 
