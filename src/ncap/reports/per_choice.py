@@ -31,7 +31,7 @@ def choice_costs(
 ) -> list[ChoiceCost]:
     span = (source.stamp(window.start), source.stamp(window.end))
     try:
-        rows = source.query(_SQL.format(scan="ledger_events"), span)
+        rows = source.query(_SQL.format(scan=source.scan(*span)), span)
     except ConfigError:
         return []  # a ledger without the column
     tokens: dict[str | None, list[int]] = defaultdict(list)
