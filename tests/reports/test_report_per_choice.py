@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+import sqlite3
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
-from ncap.config import Pricing
+from ncap.config import Pricing, utcnow
 from ncap.domain.events import LedgerEvent
-from ncap.reports import build_report, day_window
+from ncap.reports import SQLiteSource, build_report, day_window, since_window
+from ncap.reports.indexes import PER_CHOICE_INDEX
+from ncap.testing import LedgerSpec, generate_ledger
 
 from .conftest import Backend
 
@@ -69,3 +73,26 @@ async def test_cost_per_choice(backend: Backend) -> None:
     emulated = by_route["emulated"]
     assert (emulated.choices, emulated.tokens_p95, emulated.cost_per_choice_micros) == (1, 7, 70)
     assert emulated.output_cost_p95_micros is None  # no price given for it
+
+
+def test_generated_ledger_has_the_section_and_its_index(tmp_path: Path) -> None:
+    path = tmp_path / "g.db"
+    generate_ledger(path, LedgerSpec(rows=3000, days=3, seed=5))
+    with sqlite3.connect(path) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        rows = conn.execute(
+            "SELECT output_tokens_per_choice, output_tokens_total, returned_candidate_count"
+            " FROM ledger_events WHERE output_tokens_per_choice IS NOT NULL"
+        ).fetchall()
+    assert PER_CHOICE_INDEX in names
+    assert rows
+    for text, total, returned in rows:  # one count per returned choice, adding up
+        counts = [int(t) for t in text.split(",")]
+        assert len(counts) == returned and sum(counts) == total
+    source = SQLiteSource(path)
+    try:
+        report = build_report(source, since_window(timedelta(days=3), utcnow()))
+    finally:
+        source.close()
+    assert {c.route_id for c in report.per_choice} == {"local-smollm2", "emulated-chat"}
+    assert all(c.choices >= c.attempts for c in report.per_choice)
