@@ -273,6 +273,46 @@ class Reports(_Model):
     thresholds: Thresholds = Thresholds()
 
 
+class Observability(_Model):
+    """Operators' signals (``observability:``): the JSON access log on ``ncap.access``
+    (one line per request, no content) and OpenTelemetry spans (needs the ``otel``
+    extra; spans go to the process's tracer provider)."""
+
+    access_log: bool = True
+    traces: bool = False
+
+
+AlertScope = Literal["day", "month", "exception"]
+ALERT_SCOPES: tuple[AlertScope, ...] = ("day", "month", "exception")
+
+
+class BudgetAlerts(_Model):
+    """Budget-threshold alerts (``alerts:``): each percentage of each budget (a
+    workload's day or month USD budget, an exception's lifetime budget) is posted once
+    per window period to ``webhook_url`` and shown in the report."""
+
+    webhook_url: str | None = None
+    thresholds: list[int] = Field(default_factory=lambda: [50, 80, 100])
+    scopes: list[AlertScope] = Field(default_factory=lambda: list(ALERT_SCOPES))
+    timeout_s: float = Field(5.0, gt=0)
+    retries: int = Field(3, ge=0, le=10)
+    backoff_s: float = Field(1.0, ge=0)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _percentages(cls, v: list[int]) -> list[int]:
+        if any(p < 1 or p > 1000 for p in v):
+            raise ValueError("thresholds are percentages of a budget, 1 to 1000")
+        return sorted(set(v))
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("webhook_url must be an http:// or https:// URL")
+        return v
+
+
 class Config(_Model):
     server: Server = Server()
     stores: Stores = Stores()
@@ -283,6 +323,8 @@ class Config(_Model):
     models: dict[str, list[str]] = {}
     routes: dict[str, Route] = {}
     reports: Reports = Reports()
+    observability: Observability = Observability()
+    alerts: BudgetAlerts = BudgetAlerts()
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -16,6 +16,8 @@
     │       └── OutputCeilingExceedsPolicy        output_ceiling_exceeds_policy
     ├── BodyTooLarge                        413 request_too_large
     ├── InvalidApiKey                       401 invalid_api_key
+    ├── Forbidden                           403 forbidden (a key that is not the admin key)
+    ├── NotFound                            404 not_found (an admin API entry)
     ├── ModelNotFound                       404 model_not_found
     ├── RateLimited                         429 (Retry-After)
     │   ├── RateLimitExceeded                     rate_limit_exceeded
@@ -48,6 +50,7 @@ __all__ = [
     "ConcurrencyLimitExceeded",
     "ConfigError",
     "ContextLengthExceeded",
+    "Forbidden",
     "InvalidApiKey",
     "InvalidJSON",
     "InvalidRequest",
@@ -56,6 +59,7 @@ __all__ = [
     "MissingParameter",
     "ModelNotFound",
     "NcapError",
+    "NotFound",
     "OutputCeilingExceedsPolicy",
     "Overloaded",
     "PolicyDenied",
@@ -201,6 +205,18 @@ class InvalidApiKey(NcapError):
     status = 401
     type = "invalid_request_error"
     code = "invalid_api_key"
+
+
+class Forbidden(NcapError):
+    status = 403
+    type = "invalid_request_error"
+    code = "forbidden"
+
+
+class NotFound(NcapError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
 
 
 class ModelNotFound(NcapError):

@@ -101,6 +101,10 @@ def serve(
         err.print(f"ncap: {workers} workers on http://{server.host}:{server.port}")
         raise typer.Exit(supervise(args, workers))
     _use_uvloop()
+    if cfg.observability.access_log:
+        from ncap.http.signals import log_access_to_stdout
+
+        log_access_to_stdout()
     err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
     web.run_app(
         create_app(cfg),

@@ -23,6 +23,7 @@ from aiohttp import web
 from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config, Route
+from ncap.domain.grants import Grants
 from ncap.errors import (
     BodyTooLarge,
     InvalidApiKey,
@@ -30,8 +31,11 @@ from ncap.errors import (
     NcapError,
     PolicyDenied,
 )
+from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
+from ncap.http.alerts import BudgetAlerter
 from ncap.http.dashboard import add_dashboard_routes
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
+from ncap.http.signals import RequestSignals, tracer_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
@@ -44,7 +48,9 @@ from ncap.stores import (
     history_of,
     instances_for,
     ledger_from_url,
+    sqlite_target,
 )
+from ncap.stores.admin import AdminStore, admin_store_for_ledger
 
 __all__ = ["create_app"]
 
@@ -59,6 +65,8 @@ METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
 GAUGES = web.AppKey("gauges", StoreGauges)
 REQUEST_ID = web.RequestKey("request_id", str)
+SIGNALS = web.AppKey("signals", RequestSignals)
+ALERTER = web.AppKey("alerter", BudgetAlerter)
 
 
 class _NoStats:
@@ -180,7 +188,10 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
 
 
 def _authenticate(request: web.Request, config: Config) -> Caller:
-    if not config.keys:
+    """The caller of a key in force (config's and admin-made, minus revoked ones);
+    while no key was ever set, every request is workload ``default``."""
+    grants = request.app[GRANTS]
+    if not grants.keys_required:
         return Caller("default", "default")
     header = request.headers.get("Authorization", "")
     if not header.strip():
@@ -192,7 +203,7 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
     scheme, _, key = header.partition(" ")
     if scheme.lower() == "bearer" and key:
         digest = hash_key(key.strip())
-        for entry in config.keys:
+        for entry in grants.keys:
             if secrets.compare_digest(entry.hash, digest):
                 return Caller(entry.workload, entry.environment)
     raise InvalidApiKey("Incorrect API key provided.")
@@ -211,17 +222,36 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
     app = request.app
     request_id = app[REQUEST_IDS].next()
     request[REQUEST_ID] = request_id
-    caller = _authenticate(request, app[CONFIG])
-    admission = app[ADMISSION]
-    admission.enter()
+    signals = app[SIGNALS]
+    signals.begin(request_id)
     try:
-        raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
-        gateway = app[GATEWAY]
-        serve = gateway.chat if kind == "chat" else gateway.completions
-        reply = await serve(raw, caller, request_id)
-        return await _write(request, reply, request_id)
-    finally:
-        admission.leave()
+        caller = _authenticate(request, app[CONFIG])
+        signals.caller(request_id, caller)
+        admission = app[ADMISSION]
+        admission.enter()
+        try:
+            raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
+            gateway = app[GATEWAY]
+            serve = gateway.chat if kind == "chat" else gateway.completions
+            reply = await serve(raw, caller, request_id)
+            return await _write(request, reply, request_id)
+        finally:
+            admission.leave()
+    except BaseException as exc:
+        signals.responded(request_id, *_status_of(exc))
+        signals.end(request_id)  # a no-op when the answer already ended it
+        raise
+
+
+def _status_of(exc: BaseException) -> tuple[int, str | None]:
+    """The status and code the client gets for ``exc`` (what the error middleware sends)."""
+    if isinstance(exc, NcapError):
+        return exc.status, str(exc.code)
+    if isinstance(exc, web.HTTPException):
+        return exc.status, None
+    if isinstance(exc, asyncio.CancelledError):
+        return 499, "client_closed_request"
+    return 500, "internal_error"
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -239,6 +269,8 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         return await _write_body(request, reply)
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
     stream = reply.stream
+    signals = request.app[SIGNALS]
+    signals.responded(request_id, reply.status)
     try:
         # started before anything can fail, so that closing it always runs its
         # settlement and closes the upstream (its first event is already here)
@@ -252,15 +284,30 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         pass  # the client went away; closing the stream cancels the upstream request
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
+        signals.end(request_id)  # every attempt of the stream is closed by now
     return response
 
 
 async def _write_body(request: web.Request, reply: Reply) -> web.StreamResponse:
     """The bookkeeping runs beside the answer, so a keep-alive connection's next request
     does not wait for it; the app tracks it and drains it on shutdown."""
+    signals, request_id = request.app[SIGNALS], request[REQUEST_ID]
+    signals.responded(request_id, reply.status)
     if reply.after is not None:
-        request.app[BACKGROUND].spawn(reply.after)
+        request.app[BACKGROUND].spawn(_then_end(reply.after, signals, request_id))
+    else:
+        signals.end(request_id)
     return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+
+async def _then_end(
+    settle: Coroutine[Any, Any, None], signals: RequestSignals, request_id: str
+) -> None:
+    """The settlement, then the request's access line and span (its tokens now known)."""
+    try:
+        await settle
+    finally:
+        signals.end(request_id)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -319,7 +366,15 @@ async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) 
     metrics.watch_engine_queue(depth)
 
 
-def create_app(config: Config, *, instance_id: str | None = None) -> web.Application:
+def _admin_store(config: Config) -> AdminStore:
+    url = config.stores.ledger
+    path = sqlite_target(url)[0] if url.startswith("sqlite://") else None
+    return admin_store_for_ledger(url, path)
+
+
+def create_app(
+    config: Config, *, instance_id: str | None = None, tracer_provider: Any = None
+) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
         middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes + 1024
@@ -332,7 +387,22 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     budgets = budgets_from_url(
         config.stores.budgets, gateway_instance=instance, history=history_of(raw_ledger)
     )
-    accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
+    grants = app[GRANTS] = Grants.from_config(config)
+    admin_store = app[ADMIN_STORE] = _admin_store(config)
+    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store)
+    obs = config.observability
+    signals = app[SIGNALS] = RequestSignals(
+        access_log=obs.access_log, tracer=tracer_for(obs.traces, tracer_provider)
+    )
+    accounting = Accounting(
+        config,
+        ledger,
+        budgets,
+        instance=instance,
+        metrics=metrics_,
+        grants=grants,
+        observers=[o for o in (signals, alerter) if o.enabled],
+    )
     gauges = app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
     )
@@ -363,6 +433,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     add_dashboard_routes(app, config)
+    add_admin_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
         # recovery that knows its peers (issue 9) instead of Accounting.start(), which
@@ -371,14 +442,17 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
         # in-process budgets rebuild from the ledger here even when no peer was lost
         # (once; a no-op for shared stores: this new instance holds nothing yet)
         await budgets.recover_lost(instance)
+        grants.apply(await admin_store.changes())  # admin-made entries survive a restart
         await gauges.refresh(force=True)
         await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()
+        await alerter.drain()
         for rt in routes.values():
             await rt.provider.aclose()
         await peers.stop()
         await accounting.close()
+        await admin_store.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -110,7 +110,7 @@ class Admitter:
         decision = decide(
             workload_id=caller.workload_id,
             workload=self.config.workloads[caller.workload_id],
-            exceptions=self.config.exceptions,
+            exceptions=self.accounting.grants.exceptions,
             limits=self.config.limits,
             requested=asked.candidates(request),
             temperature=float(temperature) if temperature is not None else None,

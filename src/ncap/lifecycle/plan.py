@@ -122,3 +122,4 @@ class AttemptReport:
     usage: SummaryUsage | None
     stream: bool
     cut: str | None  # why a stream ended early, None when it ended normally
+    choice_tokens: tuple[int, ...] | None = None  # per choice, when the provider told

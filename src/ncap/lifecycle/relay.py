@@ -55,6 +55,8 @@ def _take(event: StreamEvent, tally: Tally, client_wants_usage: bool) -> bytes |
         tally.done = event.done or event.raw == DONE
         return event.raw
     tally.add(event.summary)
+    if event.choice_tokens is not None:
+        tally.choice_tokens = event.choice_tokens
     usage_only = event.summary.usage is not None and not event.summary.choices
     if usage_only and not client_wants_usage:
         return None  # the usage chunk the gateway asked for on its own behalf

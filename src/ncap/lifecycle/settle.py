@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from ncap.config import Config, Pricing
+from ncap.config import Config, ExceptionGrant, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent, settle
+from ncap.domain.grants import Grants
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
@@ -40,7 +41,18 @@ from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
 
-__all__ = ["Accounting", "usage_complete"]
+__all__ = ["Accounting", "AttemptObserver", "usage_complete"]
+
+log = logging.getLogger("ncap.lifecycle")
+
+
+class AttemptObserver(Protocol):
+    """Told when an attempt's row is final (``attempt`` None: a denial, no attempt)."""
+
+    def attempt_closed(
+        self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
+    ) -> None: ...
+
 
 log = logging.getLogger("ncap.lifecycle")
 
@@ -61,14 +73,19 @@ class Accounting:
         instance: str,
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        grants: Grants | None = None,
+        observers: Sequence[AttemptObserver] = (),
     ) -> None:
         self.config = config
+        # exceptions and keys in force (the admin API changes them without a restart)
+        self.grants = grants or Grants.from_config(config)
+        self.observers = tuple(observers)
         self.ledger = ledger
         self.budgets = budgets
         self.instance = instance
         self.metrics = metrics
         self.clock = clock
-        self._window_cache: dict[tuple[str, str | None], BudgetWindows] = {}
+        self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
 
     # -- lifecycle of the stores -------------------------------------------------------
 
@@ -118,12 +135,12 @@ class Accounting:
             self.metrics.reservations_outstanding.dec()
 
     def _windows(self, caller: Caller, decision: Decision) -> BudgetWindows:
-        """The workload's windows with its engaged exception's; config is frozen, so each
-        pair is converted (USD to micro-USD) once."""
-        key = (caller.workload_id, decision.exception_id)
+        """The workload's windows with its engaged exception's; grants are frozen values,
+        so each pair is converted (USD to micro-USD) once."""
+        grant = self.grants.exception(decision.exception_id)
+        key = (caller.workload_id, grant)
         windows = self._window_cache.get(key)
         if windows is None:
-            grant = next((e for e in self.config.exceptions if e.id == key[1]), None)
             workload = self.config.workloads[caller.workload_id]
             windows = self._window_cache[key] = BudgetWindows.for_workload(workload, grant)
         return windows
@@ -141,9 +158,9 @@ class Accounting:
             quota_scope=self.budgets.quota_scope,
             **_denied_columns(error.refusal, plan),
         )
-        await self.record_denial(event)
+        await self.record_denial(event, plan)
 
-    async def record_denial(self, event: LedgerEvent) -> None:
+    async def record_denial(self, event: LedgerEvent, plan: Plan | None = None) -> None:
         """Write a denial row, count it, and log a budget exhaustion."""
         await self.ledger.append(event)
         workload, reason = event.workload_id, event.policy_reason
@@ -161,6 +178,9 @@ class Accounting:
                 event.denied_limit,
                 event.denied_amount,
             )
+        if plan is not None:  # a refused field has no plan: nothing to observe
+            final = {"state": "denied", "policy_reason": reason}
+            self._notify(plan, None, final, "denied")
 
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
         d, r = plan.decision, plan.attempt_reservation
@@ -234,6 +254,18 @@ class Accounting:
         await self._settle_hold(attempt, final, outcome, keeps)
         await self.ledger.update(attempt.row.request_id, attempt.row.attempt, **final)
         self._observe(attempt, final, outcome)
+        self._notify(attempt.plan, attempt, final, outcome)
+
+    def _notify(
+        self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
+    ) -> None:
+        """Tell the observers (access log, traces, budget alerts) that a row is final;
+        they never fail the request or its bookkeeping."""
+        for observer in self.observers:
+            try:
+                observer.attempt_closed(plan, attempt, final, outcome)
+            except Exception as exc:  # an observer's bug must not lose a settlement
+                log.error("attempt observer failed: %s", type(exc).__name__)
 
     def _final(
         self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
@@ -252,6 +284,7 @@ class Accounting:
             final = dict(_NOTHING_USED)
         elif settlement.state == "settled":
             final = _usage_fields(usage, attempt.route.route.pricing)
+            final["output_tokens_per_choice"] = _per_choice(attempt, report)
         else:
             final = {}
         final.update(
@@ -314,6 +347,21 @@ def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "cost_micros": cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing),
     }
+
+
+def _per_choice(attempt: Attempt, report: AttemptReport) -> tuple[int, ...] | None:
+    """Each choice's output tokens where the route revealed them: the provider's own
+    counts when they add up to its total, or an emulated branch's (one choice, its own
+    usage). Never split from a total (None then)."""
+    total = report.usage.completion_tokens if report.usage else None
+    if total is None:
+        return None
+    counts = report.choice_tokens
+    if counts is not None and len(counts) == report.returned and sum(counts) == total:
+        return counts
+    if attempt.plan.emulated and report.returned == 1:
+        return (total,)
+    return None
 
 
 def _usage_source(usage: SummaryUsage | None, stream: bool, outcome: AttemptOutcome) -> Any:

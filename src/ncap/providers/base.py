@@ -41,6 +41,9 @@ class UpstreamResult:
     body: bytes
     summary: ResponseSummary
     provider_request_id: str | None = None
+    # each choice's output tokens, in index order, when the provider knows them (the
+    # local engine); never derived from a total
+    choice_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from ncap.engine import (
     Engine,
     EngineSettings,
     EngineStats,
+    RequestStream,
     TextChunks,
     best_of,
     chat_chunk_stream,
@@ -100,7 +101,8 @@ class LocalProvider:
         summary = summarize(
             id_, ((c.index, c.finish_reason) for c in payload.choices), payload.usage or None
         )
-        return UpstreamResult(200, _encode(payload), summary, id_)
+        tokens = tuple(c.tokens for c in done.choices)
+        return UpstreamResult(200, _encode(payload), summary, id_, choice_tokens=tokens)
 
     @asynccontextmanager
     async def stream(
@@ -113,13 +115,13 @@ class LocalProvider:
             id_ = new_id("cmpl")
             texts = TextChunks(id_=id_, model=model, include_usage=legacy.include_usage)
             async with engine.open(legacy.params) as stream:
-                yield id_, _events(text_chunk_stream(stream, texts), timeout)
+                yield id_, _events(stream, text_chunk_stream(stream, texts), timeout)
             return
         params = chat_params(body)
         id_ = new_id()
         chunks = ChatChunks(id_=id_, model=model, n=params.n, include_usage=include_usage(body))
         async with engine.open(params) as stream:
-            yield id_, _events(chat_chunk_stream(stream, chunks), timeout)
+            yield id_, _events(stream, chat_chunk_stream(stream, chunks), timeout)
 
     async def aclose(self) -> None:
         if self._engine is not None:
@@ -132,9 +134,12 @@ class LocalProvider:
 
 
 async def _events(
-    chunks: AsyncIterator[ChatCompletionChunk | TextCompletion], timeout: float
+    stream: RequestStream,
+    chunks: AsyncIterator[ChatCompletionChunk | TextCompletion],
+    timeout: float,
 ) -> AsyncIterator[StreamEvent]:
-    """Chunks as SSE events; ``timeout`` bounds every wait for the next one."""
+    """Chunks as SSE events; ``timeout`` bounds every wait for the next one; the usage
+    chunk carries each choice's token count (``stream.finished``)."""
     source = aiter(chunks)
     while True:
         try:
@@ -145,7 +150,10 @@ async def _events(
         if chunk is None:
             break
         data = _encode(chunk)
-        yield StreamEvent(encode_event(data), _summary(chunk), data=data)
+        counts = None
+        if isinstance(chunk.usage, Usage) and stream.finished is not None:  # after the end
+            counts = stream.finished.choice_tokens
+        yield StreamEvent(encode_event(data), _summary(chunk), data=data, choice_tokens=counts)
     yield StreamEvent(DONE, None, done=True)
 
 

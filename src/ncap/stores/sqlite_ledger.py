@@ -25,7 +25,12 @@ import msgspec
 
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
-from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._common import (
+    apply_import,
+    check_update_fields,
+    decode_per_choice,
+    encode_per_choice,
+)
 from ncap.stores._migrations import migrations
 from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
 from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
@@ -181,6 +186,8 @@ def _encode(name: str, value: Any) -> Any:
         return _json(value).decode()
     if name == "stream_mode":
         return int(bool(value))
+    if name == "output_tokens_per_choice":
+        return encode_per_choice(value)
     return value
 
 
@@ -188,7 +195,7 @@ _COLUMN_VALUES = attrgetter(*LEDGER_COLUMNS)  # one C call for the whole row
 _SPECIAL = tuple(
     (i, name)
     for i, name in enumerate(LEDGER_COLUMNS)
-    if name in ("timestamp", "finish_reasons", "stream_mode")
+    if name in ("timestamp", "finish_reasons", "stream_mode", "output_tokens_per_choice")
 )
 
 
@@ -205,6 +212,7 @@ def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
     values["timestamp"] = datetime.fromisoformat(values["timestamp"])
     values["finish_reasons"] = json.loads(values["finish_reasons"])
     values["stream_mode"] = bool(values["stream_mode"])
+    values["output_tokens_per_choice"] = decode_per_choice(values["output_tokens_per_choice"])
     return LedgerEvent(**values)
 
 

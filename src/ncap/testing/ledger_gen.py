@@ -240,6 +240,7 @@ _ROW_ORDER = (
     "reconciliation_reason",
     "gateway_instance",
     "latency_ms",
+    "output_tokens_per_choice",
 )
 
 
@@ -464,6 +465,7 @@ class _Base:
             f.get("reason"),
             self.instance,
             f.get("latency"),
+            f.get("per_choice"),
         )
 
     def denied(self, reason: str) -> tuple[Any, ...]:
@@ -500,12 +502,14 @@ def _attempts(rng: random.Random, base: _Base) -> Iterator[tuple[Any, ...]]:
     chain = base.profile.chain
     if chain[0] == "emulated-chat":
         for k in range(1, base.effective + 1):
+            usage = _usage(rng, base, chain[0], 1)
             yield base.row(
                 k,
                 chain[0],
                 state="settled",
-                **_usage(rng, base, chain[0], 1),
+                per_choice=str(usage["output"]),  # a branch's own usage: one choice
                 provider_request_id=f"{base.request_id}-b{k}",
+                **usage,
             )
         return
     attempt, x = 1, rng.random()
@@ -578,4 +582,13 @@ def _final(rng: random.Random, base: _Base, attempt: int, route: str) -> tuple[A
             provider_request_id=prid,
             **usage,
         )
+    if route == "local-smollm2":  # the engine reveals each choice's tokens
+        usage["per_choice"] = _split(usage["output"], base.effective)
     return base.row(attempt, route, state="settled", provider_request_id=prid, **usage)
+
+
+def _split(total: int, choices: int) -> str:
+    """Synthetic per-choice counts (no random draw, so the rest of the ledger is the same
+    as before the column existed): ``total`` over ``choices``, the first ones longer."""
+    q, r = divmod(total, choices)
+    return ",".join(str(q + (1 if i < r else 0)) for i in range(choices))

@@ -31,6 +31,7 @@ _summary = msgspec.json.Decoder(ResponseSummary)
 class Answer:
     body: bytes
     provider_request_id: str | None = None
+    choice_tokens: tuple[int, ...] | None = None  # what a provider like the engine knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,13 @@ class ScriptedProvider:
         if not isinstance(step, Answer):
             raise AssertionError("a whole answer was asked for; the script has a stream")
         summary = _summary.decode(step.body)
-        return UpstreamResult(200, step.body, summary, step.provider_request_id or summary.id)
+        return UpstreamResult(
+            200,
+            step.body,
+            summary,
+            step.provider_request_id or summary.id,
+            choice_tokens=step.choice_tokens,
+        )
 
     @asynccontextmanager
     async def stream(
