@@ -56,7 +56,13 @@ NOW = datetime(2026, 11, 29, tzinfo=UTC)
 
 
 # ncap's own columns, after the spec's (what refused a denied request, a failure's status)
-EXTENSION_COLUMNS = ["denied_by", "denied_limit", "denied_amount", "upstream_status"]
+EXTENSION_COLUMNS = [
+    "denied_by",
+    "denied_limit",
+    "denied_amount",
+    "upstream_status",
+    "client_retry_count",
+]
 
 
 def test_columns_are_the_specs_in_its_order_then_the_extensions() -> None:

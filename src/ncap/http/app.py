@@ -8,6 +8,7 @@ else into a generic 500 envelope (logged without request content), never a trace
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -43,6 +44,7 @@ from ncap.stores import (
     PeerWatch,
     budgets_from_url,
     history_of,
+    idempotency_for,
     instances_for,
     ledger_from_url,
 )
@@ -204,14 +206,27 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     request_id = app[REQUEST_IDS].next()
     request[REQUEST_ID] = request_id
     caller = _authenticate(request, app[CONFIG])
+    retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
+    if retries is not None:
+        caller = dataclasses.replace(caller, client_retry_count=retries)
     admission = app[ADMISSION]
     admission.enter()
     try:
         raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
-        reply = await app[GATEWAY].chat(raw, caller, request_id)
+        key = request.headers.get("Idempotency-Key")
+        reply = await app[GATEWAY].chat(raw, caller, request_id, idempotency_key=key)
         return await _write(request, reply, request_id)
     finally:
         admission.leave()
+
+
+def _client_retry_count(header: str | None) -> int | None:
+    """The SDK's retry number (0 on the first try); anything not a small count is
+    ignored (it is only recorded, never acted on)."""
+    if header is None or not header.strip().isdigit():
+        return None
+    value = int(header)
+    return value if value < 2**31 else None
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -342,7 +357,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app[PEERS] = peers
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
-    app[GATEWAY] = Gateway(config, routes, accounting)
+    app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     background = app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     app.router.add_post("/v1/chat/completions", chat_completions)

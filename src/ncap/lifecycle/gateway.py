@@ -20,6 +20,7 @@ from ncap.errors import ModelNotFound, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
+from ncap.lifecycle.idempotency import Idempotency, IdempotentRequest
 from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import relay
 from ncap.lifecycle.reports import answered_report
@@ -27,7 +28,7 @@ from ncap.lifecycle.settle import Accounting
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.validate import MULTI_CANDIDATE_FIELDS, parse_chat_request
 from ncap.providers.base import UpstreamResult
-from ncap.stores.base import Hold
+from ncap.stores.base import Hold, IdempotencyStore
 
 __all__ = ["Gateway"]
 
@@ -40,6 +41,7 @@ class Gateway:
         accounting: Accounting,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        idempotency: IdempotencyStore | None = None,
     ) -> None:
         self.config = config
         self.routes = routes
@@ -47,6 +49,15 @@ class Gateway:
         self._admitter = Admitter(config, accounting)
         self._attempts = Attempts(accounting, sleep)
         self._fan_out = FanOut(accounting, self._attempts)
+        self._idempotency = None
+        if idempotency is not None:
+            server = config.server
+            self._idempotency = Idempotency(
+                idempotency,
+                accounting,
+                ttl_s=server.idempotency_ttl_s,
+                keep_answers=server.idempotency_keep_answers,
+            )
         self._extras = {
             alias: frozenset(f for rid in chain for f in routes[rid].route.extra_fields)
             for alias, chain in config.models.items()
@@ -56,9 +67,30 @@ class Gateway:
         workload = self.config.workloads[caller.workload_id]
         return [alias for alias in self.config.models if workload.allows_model(alias)]
 
-    async def chat(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
+    async def chat(
+        self, raw: bytes, caller: Caller, request_id: str, *, idempotency_key: str | None = None
+    ) -> Reply:
         body, request = await self._parse(raw, caller, request_id)
         chain = self._chain(request.model, caller)
+        if idempotency_key is None or self._idempotency is None:
+            return await self._admitted(caller, request_id, request, body, chain)
+        n = request.n if isinstance(request.n, int) else None
+        stream = request.stream is True
+        req = IdempotentRequest(
+            idempotency_key, raw, caller, request_id, request.model, chain[0], stream, n
+        )
+        return await self._idempotency.run(
+            req, lambda: self._admitted(caller, request_id, request, body, chain)
+        )
+
+    async def _admitted(
+        self,
+        caller: Caller,
+        request_id: str,
+        request: ChatCompletionRequest,
+        body: dict[str, Any],
+        chain: list[RouteRuntime],
+    ) -> Reply:
         plan, holds = await self._admitter.admit(request_id, caller, request, body, chain)
         try:
             if not plan.decision.ceiling_from_request:

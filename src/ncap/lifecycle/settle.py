@@ -185,6 +185,7 @@ class Accounting:
             policy_reason=d.policy_reason,
             state=state,
             gateway_instance=self.instance,
+            client_retry_count=plan.caller.client_retry_count,
         )
 
     # -- one attempt: begun, then closed exactly once ---------------------------------
