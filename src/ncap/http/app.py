@@ -287,9 +287,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    problems = await request.app[ACCOUNTING].check_ready()
-    status = 200 if not problems else 503
-    return web.json_response({"ready": not problems, "problems": problems}, status=status)
+    """Ready when every store answers; a failure names the store and its backend."""
+    stores = await request.app[ACCOUNTING].check_ready()
+    problems = [
+        f"{name} ({s['backend']}): {s['error']}" for name, s in stores.items() if not s["ready"]
+    ]
+    body = {"ready": not problems, "problems": problems, "stores": stores}
+    return web.json_response(body, status=200 if not problems else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -368,8 +372,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     add_dashboard_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
-        # recovery that knows its peers (issue 9) instead of Accounting.start(), which
-        # would mark every instance's in-flight rows lost
+        # recovery that knows its peers (issue 9): only dead instances' rows are lost
         await peers.start()
         # in-process budgets rebuild from the ledger here even when no peer was lost
         # (once; a no-op for shared stores: this new instance holds nothing yet)
