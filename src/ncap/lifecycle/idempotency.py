@@ -19,6 +19,8 @@ expires after ``server.idempotency_ttl_s``.
 - Streams: never replayed. A repeat of a stream, running or done, gets 409 at once
   (a stream in progress cannot be joined half way, and keeping a whole stream's bytes
   is not worth it); a stream that failed before its first byte withdraws its claim.
+- An unfinished record expires after ``IN_FLIGHT_S`` (10 min) at most, so a gateway
+  that died mid-request leaves repeats waiting that long at worst, not the whole TTL.
 
 Each repeat still writes its own ``denied`` ledger row (no spend), ``policy_reason`` =
 ``idempotent_replay`` or the error's code, ``denied_by = idempotency_key``.
@@ -46,6 +48,10 @@ __all__ = ["Idempotency", "IdempotentRequest"]
 
 log = logging.getLogger("ncap.lifecycle")
 MAX_KEY_LENGTH = 255
+# an unfinished record expires after this (or the TTL, if shorter): a gateway that
+# died mid-request must not make repeats wait for the whole TTL, and a repeat waits at
+# most this long
+IN_FLIGHT_S = 600.0
 # answer headers a replay repeats (the route's x-ncap-* and the content type)
 _REPLAYED = ("content-type", "x-ncap-")
 
@@ -119,16 +125,25 @@ class Idempotency:
         except BaseException:
             await self._withdraw(scoped, claim)
             raise
-        if reply.stream is None:
-            await self._store.swap(scoped, claim, self._done(mine, reply), self._ttl_s)
+        await self._finish(scoped, claim, self._done(mine, reply))
         return reply
+
+    async def _finish(self, scoped: str, claim: bytes, done: bytes) -> None:
+        """The answer is the client's whatever happens here: a store error only leaves
+        the unfinished record to expire (``IN_FLIGHT_S``), and the answer's settlement
+        still runs."""
+        try:
+            await self._store.swap(scoped, claim, done, self._ttl_s)
+        except Exception as exc:
+            log.warning("idempotency key not marked done: %s", type(exc).__name__)
 
     async def _claim_or_wait(self, scoped: str, claim: bytes, mine: _Record) -> _Record | None:
         """None once this request holds the key; else the first request's record, done
         (or a stream, or another body: no reason to wait for those)."""
-        deadline = time.monotonic() + self._ttl_s
+        in_flight_s = min(self._ttl_s, IN_FLIGHT_S)
+        deadline = time.monotonic() + in_flight_s
         while True:
-            found = await self._store.claim(scoped, claim, self._ttl_s)
+            found = await self._store.claim(scoped, claim, in_flight_s)
             if found is None:
                 return None
             record = _decode(found)
@@ -144,8 +159,9 @@ class Idempotency:
                 return record
 
     def _done(self, mine: _Record, reply: Reply) -> bytes:
+        """A stream is marked done once it opened: never replayed, 409 for the TTL."""
         answer = None
-        if self._keep_answers and reply.body is not None:
+        if self._keep_answers and reply.stream is None:
             headers = {k: v for k, v in reply.headers.items() if k.startswith(_REPLAYED)}
             answer = _Answer(reply.status, headers, reply.body)
         return _encode(msgspec.structs.replace(mine, done=True, answer=answer))
