@@ -34,9 +34,10 @@ from ncap.stores import SQLiteLedgerStore
 __all__ = ["LedgerSpec", "generate_ledger", "synthetic_config"]
 
 BATCH = 20_000
-_INSERT = (
-    f"INSERT INTO ledger_events ({', '.join(LEDGER_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in LEDGER_COLUMNS)})"
+_SPEC_COLUMNS = LEDGER_COLUMNS[: LEDGER_COLUMNS.index("latency_ms") + 1]
+_INSERT = (  # SPEC §7's columns; ncap's later extensions stay null
+    f"INSERT INTO ledger_events ({', '.join(_SPEC_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SPEC_COLUMNS)})"
 )
 # USD per Mtok == micro-USD per token
 _PRICES = {
@@ -248,8 +249,9 @@ _ROW_ORDER = (
 
 
 def _check_order() -> None:
-    """The generator writes positional tuples; fail loudly if the schema's columns move."""
-    if tuple(LEDGER_COLUMNS) != _ROW_ORDER:
+    """The generator writes positional tuples of SPEC §7's columns (the extensions after
+    them stay null); fail loudly if those columns move."""
+    if tuple(_SPEC_COLUMNS) != _ROW_ORDER:
         raise RuntimeError("LEDGER_COLUMNS changed; update ncap.testing.ledger_gen._ROW_ORDER")
 
 
