@@ -80,6 +80,11 @@ class Server(_Model):
     # how long a /metrics scrape may reuse the last store snapshot (ledger and budget
     # gauges); 0 re-reads the stores on every scrape
     metrics_cache_s: float = Field(2.0, ge=0)
+    # Idempotency-Key: how long a key is remembered (per workload, in the budget store),
+    # and whether the first answer is kept that long to replay it to a repeat
+    # (off: a repeat gets 409 naming the first request)
+    idempotency_ttl_s: float = Field(86400.0, gt=0)
+    idempotency_keep_answers: bool = False
 
     @property
     def is_loopback(self) -> bool:

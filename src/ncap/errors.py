@@ -8,6 +8,7 @@
     │   ├── MissingParameter                400 missing_required_parameter
     │   ├── UnknownParameter                400 unknown_parameter
     │   ├── ContextLengthExceeded           400 context_length_exceeded
+    │   ├── IdempotencyKeyMismatch          400 idempotency_key_mismatch
     │   └── PolicyDenied                    400 (policy codes, never retried)
     │       ├── CandidateCountExceedsPolicy       candidate_count_exceeds_policy
     │       ├── CandidatesWithGreedySampling      candidates_with_greedy_sampling
@@ -19,6 +20,7 @@
     ├── Forbidden                           403 forbidden (a key that is not the admin key)
     ├── NotFound                            404 not_found (an admin API entry)
     ├── ModelNotFound                       404 model_not_found
+    ├── IdempotencyKeyReused                409 idempotency_key_reused (x-should-retry: false)
     ├── RateLimited                         429 (Retry-After)
     │   ├── RateLimitExceeded                     rate_limit_exceeded
     │   ├── ConcurrencyLimitExceeded              concurrency_limit_exceeded
@@ -51,6 +53,8 @@ __all__ = [
     "ConfigError",
     "ContextLengthExceeded",
     "Forbidden",
+    "IdempotencyKeyMismatch",
+    "IdempotencyKeyReused",
     "InvalidApiKey",
     "InvalidJSON",
     "InvalidRequest",
@@ -169,6 +173,16 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class IdempotencyKeyMismatch(InvalidRequest):
+    """The ``Idempotency-Key`` was used before with another body."""
+
+    code = "idempotency_key_mismatch"
+
+    @property
+    def should_retry(self) -> bool | None:
+        return False
+
+
 class PolicyDenied(InvalidRequest):
     """A request the workload's policy refuses before dispatch; retrying cannot help."""
 
@@ -223,6 +237,20 @@ class ModelNotFound(NcapError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class IdempotencyKeyReused(NcapError):
+    """A request with this ``Idempotency-Key`` and body was already dispatched and its
+    answer is not kept (or it is a stream): it is not dispatched again. Never retried:
+    a retry would get the same answer."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+    @property
+    def should_retry(self) -> bool | None:
+        return False
 
 
 class RateLimited(NcapError):

@@ -62,6 +62,7 @@ EXTENSION_COLUMNS = [
     "denied_limit",
     "denied_amount",
     "upstream_status",
+    "client_retry_count",
     "output_tokens_per_choice",
 ]
 

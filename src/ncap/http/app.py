@@ -8,6 +8,7 @@ else into a generic 500 envelope (logged without request content), never a trace
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -46,6 +47,7 @@ from ncap.stores import (
     PeerWatch,
     budgets_from_url,
     history_of,
+    idempotency_for,
     instances_for,
     ledger_from_url,
     sqlite_target,
@@ -226,14 +228,20 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
     signals.begin(request_id)
     try:
         caller = _authenticate(request, app[CONFIG])
+        retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
+        if retries is not None:
+            caller = dataclasses.replace(caller, client_retry_count=retries)
         signals.caller(request_id, caller)
         admission = app[ADMISSION]
         admission.enter()
         try:
             raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
             gateway = app[GATEWAY]
-            serve = gateway.chat if kind == "chat" else gateway.completions
-            reply = await serve(raw, caller, request_id)
+            if kind == "chat":
+                key = request.headers.get("Idempotency-Key")
+                reply = await gateway.chat(raw, caller, request_id, idempotency_key=key)
+            else:
+                reply = await gateway.completions(raw, caller, request_id)
             return await _write(request, reply, request_id)
         finally:
             admission.leave()
@@ -252,6 +260,15 @@ def _status_of(exc: BaseException) -> tuple[int, str | None]:
     if isinstance(exc, asyncio.CancelledError):
         return 499, "client_closed_request"
     return 500, "internal_error"
+
+
+def _client_retry_count(header: str | None) -> int | None:
+    """The SDK's retry number (0 on the first try); anything not a small count is
+    ignored (it is only recorded, never acted on)."""
+    if header is None or not header.strip().isdigit():
+        return None
+    value = int(header)
+    return value if value < 2**31 else None
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -329,9 +346,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    problems = await request.app[ACCOUNTING].check_ready()
-    status = 200 if not problems else 503
-    return web.json_response({"ready": not problems, "problems": problems}, status=status)
+    """Ready when every store answers; a failure names the store and its backend."""
+    stores = await request.app[ACCOUNTING].check_ready()
+    problems = [
+        f"{name} ({s['backend']}): {s['error']}" for name, s in stores.items() if not s["ready"]
+    ]
+    body = {"ready": not problems, "problems": problems, "stores": stores}
+    return web.json_response(body, status=200 if not problems else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -423,7 +444,7 @@ def create_app(
     app[PEERS] = peers
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
-    app[GATEWAY] = Gateway(config, routes, accounting)
+    app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     background = app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -436,8 +457,7 @@ def create_app(
     add_admin_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
-        # recovery that knows its peers (issue 9) instead of Accounting.start(), which
-        # would mark every instance's in-flight rows lost
+        # recovery that knows its peers (issue 9): only dead instances' rows are lost
         await peers.start()
         # in-process budgets rebuild from the ledger here even when no peer was lost
         # (once; a no-op for shared stores: this new instance holds nothing yet)

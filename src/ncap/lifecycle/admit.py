@@ -102,6 +102,7 @@ class Admitter:
             state="denied",
             gateway_instance=self.accounting.instance,
             denied_by=field,
+            client_retry_count=caller.client_retry_count,
         )
         await self.accounting.record_denial(event)
 

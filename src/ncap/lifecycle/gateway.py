@@ -20,6 +20,7 @@ from ncap.errors import InvalidValue, ModelNotFound, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
+from ncap.lifecycle.idempotency import Idempotency, IdempotentRequest
 from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import relay
 from ncap.lifecycle.reports import answered_report
@@ -32,7 +33,7 @@ from ncap.protocol.validate import (
     parse_completion_request,
 )
 from ncap.providers.base import UpstreamResult
-from ncap.stores.base import Hold
+from ncap.stores.base import Hold, IdempotencyStore
 
 __all__ = ["Gateway"]
 
@@ -49,6 +50,7 @@ class Gateway:
         accounting: Accounting,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        idempotency: IdempotencyStore | None = None,
     ) -> None:
         self.config = config
         self.routes = routes
@@ -56,6 +58,15 @@ class Gateway:
         self._admitter = Admitter(config, accounting)
         self._attempts = Attempts(accounting, sleep)
         self._fan_out = FanOut(accounting, self._attempts)
+        self._idempotency = None
+        if idempotency is not None:
+            server = config.server
+            self._idempotency = Idempotency(
+                idempotency,
+                accounting,
+                ttl_s=server.idempotency_ttl_s,
+                keep_answers=server.idempotency_keep_answers,
+            )
         self._extras = {
             alias: frozenset(f for rid in chain for f in routes[rid].route.extra_fields)
             for alias, chain in config.models.items()
@@ -65,10 +76,21 @@ class Gateway:
         workload = self.config.workloads[caller.workload_id]
         return [alias for alias in self.config.models if workload.allows_model(alias)]
 
-    async def chat(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
+    async def chat(
+        self, raw: bytes, caller: Caller, request_id: str, *, idempotency_key: str | None = None
+    ) -> Reply:
         body, request = await self._parse(raw, caller, request_id, parse_chat_request)
         chain = self._chain(request.model, caller)
-        return await self._serve(request_id, caller, request, body, chain)
+        if idempotency_key is None or self._idempotency is None:
+            return await self._serve(request_id, caller, request, body, chain)
+        n = request.n if isinstance(request.n, int) else None
+        stream = request.stream is True
+        req = IdempotentRequest(
+            idempotency_key, raw, caller, request_id, request.model, chain[0], stream, n
+        )
+        return await self._idempotency.run(
+            req, lambda: self._serve(request_id, caller, request, body, chain)
+        )
 
     async def completions(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
         """The legacy ``/v1/completions``: the same lifecycle, with ``best_of`` as the

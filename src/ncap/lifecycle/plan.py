@@ -25,8 +25,12 @@ __all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
+    """Who sent the request, and which of the client's own tries it is
+    (``x-stainless-retry-count``: every row of the request records it)."""
+
     workload_id: str
     environment: str
+    client_retry_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

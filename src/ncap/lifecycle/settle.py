@@ -19,9 +19,12 @@ is logged twice).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -33,7 +36,7 @@ from ncap.domain.grants import Grants
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
-from ncap.errors import NcapError, Refusal
+from ncap.errors import NcapError, Refusal, StoreUnavailable
 from ncap.lifecycle.failures import classify, ledger_outcome
 from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
 from ncap.metrics import Metrics
@@ -41,7 +44,7 @@ from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
 
-__all__ = ["Accounting", "AttemptObserver", "usage_complete"]
+__all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
 
 log = logging.getLogger("ncap.lifecycle")
 
@@ -61,8 +64,10 @@ _NOTHING_GENERATED: tuple[AttemptOutcome, ...] = ("rejected", "unbilled_error")
 
 
 class Accounting:
-    """The ledger and the budgets, as the lifecycle uses them (and their own start,
-    readiness and shutdown, which the composition root drives)."""
+    """The ledger and the budgets, as the lifecycle uses them (and their readiness and
+    shutdown, which the composition root drives). Recovering a dead gateway's rows and
+    holds is not here: ``stores.PeerWatch`` does it, knowing which instances are alive
+    (an earlier ``start()`` marked every instance's rows lost, the bug of issue 9)."""
 
     def __init__(
         self,
@@ -86,32 +91,34 @@ class Accounting:
         self.metrics = metrics
         self.clock = clock
         self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
+        self._deferred = Deferred()
 
     # -- lifecycle of the stores -------------------------------------------------------
 
-    async def start(self) -> None:
-        """Recover what a crashed predecessor left in flight (SPEC §6: gateway_lost)."""
-        await self.ledger.mark_lost()
-        await self.budgets.recover_lost()
-        self.metrics.reservations_outstanding.set(len(await self.budgets.outstanding()))
-
     async def close(self) -> None:
+        await self._deferred.close()
         await self.ledger.close()
         await self.budgets.close()
 
-    async def check_ready(self) -> list[str]:
-        """Each store answers a cheap read; the problem list names the ones that did not."""
-        problems = []
+    async def check_ready(self) -> dict[str, dict[str, Any]]:
+        """Each store answers a cheap read: per store, its backend (the URL's scheme),
+        whether it answered, and the error's class when it did not (never a message,
+        which could name a host or a credential)."""
+        stores = self.config.stores
         probes = (
-            ("ledger", self.ledger.get("readyz-probe")),
-            ("budgets", self.budgets.usage(next(iter(self.config.workloads)))),
+            ("ledger", stores.ledger, self.ledger.get("readyz-probe")),
+            ("budgets", stores.budgets, self.budgets.usage(next(iter(self.config.workloads)))),
         )
-        for name, probe in probes:
+        report: dict[str, dict[str, Any]] = {}
+        for name, url, probe in probes:
+            entry: dict[str, Any] = {"backend": _backend(url), "ready": True}
             try:
                 await probe
             except Exception as exc:  # readiness reports any failure, whatever its type
-                problems.append(f"{name}: {type(exc).__name__}")
-        return problems
+                error = exc.detail if isinstance(exc, StoreUnavailable) and exc.detail else None
+                entry.update(ready=False, error=error or type(exc).__name__)
+            report[name] = entry
+        return report
 
     # -- holds -------------------------------------------------------------------------
 
@@ -205,6 +212,7 @@ class Accounting:
             policy_reason=d.policy_reason,
             state=state,
             gateway_instance=self.instance,
+            client_retry_count=plan.caller.client_retry_count,
         )
 
     # -- one attempt: begun, then closed exactly once ---------------------------------
@@ -250,9 +258,17 @@ class Accounting:
         final, keeps = self._final(attempt, report, outcome)
         if upstream_status is not None:
             final["upstream_status"] = upstream_status
+        hold = attempt.holds.pop(attempt.number, None)
+        row = attempt.row
+
+        async def hold_step() -> None:
+            await self._settle_hold(hold, final, outcome, keeps)
+
+        async def row_step() -> None:
+            await self.ledger.update(row.request_id, row.attempt, **final)
+
         # the hold first: once the row shows its final state, the budget does too
-        await self._settle_hold(attempt, final, outcome, keeps)
-        await self.ledger.update(attempt.row.request_id, attempt.row.attempt, **final)
+        await self._deferred.run(_Steps([hold_step, row_step]))
         self._observe(attempt, final, outcome)
         self._notify(attempt.plan, attempt, final, outcome)
 
@@ -299,9 +315,8 @@ class Accounting:
         return final, settlement.holds_reservation
 
     async def _settle_hold(
-        self, attempt: Attempt, final: dict[str, Any], outcome: AttemptOutcome, keeps: bool
+        self, hold: Hold | None, final: dict[str, Any], outcome: AttemptOutcome, keeps: bool
     ) -> None:
-        hold = attempt.holds.pop(attempt.number, None)
         if hold is None:
             return
         if outcome in _NOTHING_GENERATED:
@@ -324,6 +339,104 @@ class Accounting:
             m.child(m.tokens, rid, "out").inc(final["output_tokens_total"])
         if final["state"] in ("pending", "usage_reconciliation_required"):
             m.pending_reconciliation.inc()
+
+
+class _Steps:
+    """A settlement's store writes in order; a retry resumes at the first not done
+    (each is safe to repeat: a settled hold is not settled twice, an update rewrites
+    the same columns)."""
+
+    def __init__(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
+        self._steps = steps
+
+    async def __call__(self) -> None:
+        while self._steps:
+            await self._steps[0]()
+            self._steps.pop(0)
+
+
+class Deferred:
+    """Settlements a store refused, retried with backoff until the store is back.
+
+    Without this, a settlement that met a Redis or PostgreSQL outage left its hold
+    active and its row ``reserved`` under a live gateway (whose heartbeat goes on), so
+    nothing ever swept them. At most ``max_pending`` wait (then the store error
+    propagates, as before); one warning when the first is kept, one line when all are
+    applied. The lifecycle does not wait for a kept settlement: the client's answer
+    (or error) does not depend on it.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_pending: int = 10_000,
+        first_delay_s: float = 0.1,
+        max_delay_s: float = 5.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._pending: deque[_Steps] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._max_pending = max_pending
+        self._delays = (first_delay_s, max_delay_s)
+        self._sleep = sleep
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def run(self, steps: _Steps) -> None:
+        if self._pending:  # keep settlements in order behind the ones already waiting
+            self._keep(steps, None)
+            return
+        try:
+            await steps()
+        except StoreUnavailable as exc:
+            self._keep(steps, exc)
+
+    def _keep(self, steps: _Steps, exc: StoreUnavailable | None) -> None:
+        if len(self._pending) >= self._max_pending:
+            raise exc or StoreUnavailable("ledger or budgets", "store", "settlements backlog")
+        if not self._pending and exc is not None:
+            log.warning(
+                "settlement deferred: the %s store (%s) is unavailable (%s); settlements "
+                "are kept and retried until it is back",
+                exc.store,
+                exc.backend,
+                exc.detail,
+            )
+        self._pending.append(steps)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._retry())
+
+    async def _retry(self) -> None:
+        delay, longest = self._delays
+        while self._pending:
+            await self._sleep(delay)
+            try:
+                while self._pending:
+                    await self._pending[0]()
+                    self._pending.popleft()
+            except StoreUnavailable:
+                delay = min(delay * 2, longest)
+        log.warning("deferred settlements applied: the store is back")
+
+    async def close(self) -> None:
+        """One last try at shutdown; what is left stays ``reserved`` for recovery."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(StoreUnavailable):
+            while self._pending:
+                await self._pending[0]()
+                self._pending.popleft()
+        if self._pending:
+            log.error("%d settlements not applied at shutdown (rows stay reserved)", self.pending)
+
+
+def _backend(url: str) -> str:
+    scheme = url.partition(":")[0].lower()
+    return {"postgres": "postgresql", "rediss": "redis"}.get(scheme, scheme)
 
 
 def usage_complete(usage: SummaryUsage | None) -> bool:

@@ -65,6 +65,7 @@ _TYPES: dict[str, str] = {
     "denied_limit": "int8",
     "denied_amount": "int8",
     "upstream_status": "int4",
+    "client_retry_count": "int4",
 }
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
 _SELECT = f"SELECT {_COLUMNS} FROM ledger_events"

@@ -4,7 +4,8 @@
 so the row is durable and visible to any new connection; reads use their own
 connection and never wait for the writer. The schema is versioned in
 ``schema_version``; the column names are SPEC §7's, then ncap's own (``denied_by``,
-``denied_limit``, ``denied_amount``, ``upstream_status``: migration 2), which the
+``denied_limit``, ``denied_amount``, ``upstream_status``: migration 3;
+``client_retry_count``: migration 4), which the
 PostgreSQL adapter shares.
 Timestamps are stored as fixed-width UTC ISO text
 (``2026-11-29T10:15:00.000000Z``) so that text order is time order.
