@@ -96,8 +96,10 @@ CASES = [
     Case("reset_mid_stream", {"x-fake-fault": "reset_mid_stream=3,slow_chunks=100"},
          (502, "upstream_error", [_held("usage_reconciliation_required", "connection_error")]),
          ("mid_stream_error", None, [CUT]), returned=(0, N), racy_head=True),
+    # a well-formed 500 on a route whose contract says error_responses: unbilled (the
+    # default) is an answer that generated nothing: settled at zero, the hold released
     Case("error_500", {"x-fake-fault": "error_500"},
-         (502, "upstream_error", [UNKNOWN_NS] * 3), (502, "upstream_error", [UNKNOWN_S] * 3),
+         (502, "upstream_error", [REFUSED] * 3), (502, "upstream_error", [REFUSED] * 3),
          returned=(0, 0)),
     Case("bad_gateway_html", {"x-fake-fault": "bad_gateway_html"},
          (502, "upstream_error", [UNKNOWN_NS] * 3), (502, "upstream_error", [UNKNOWN_S] * 3),
@@ -260,7 +262,9 @@ async def test_fault_leaves_the_exact_rows_and_holds(
         expected_rows = expected_rows * 3
     assert (got, got_code if code is not None else None, table) == (outcome, code, expected_rows)
     assert last.returned_candidate_count == case.returned[1 if stream else 0]
-    if last.usage_source != "none":
+    if case.name == "error_500":  # the zero comes from the provider's error answer
+        assert last.usage_source == "provider_response"
+    elif last.usage_source != "none":
         assert last.usage_source == ("provider_stream" if stream else "provider_response")
     if case.name != "timeout" and not (case.racy_head and not stream):
         assert last.provider_request_id is not None  # kept for reconciliation
