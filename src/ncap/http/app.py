@@ -31,6 +31,7 @@ from ncap.errors import (
     PolicyDenied,
 )
 from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.openapi import add_openapi_route
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
@@ -351,6 +352,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     add_dashboard_routes(app, config)
+    add_openapi_route(app)
 
     async def lifecycle(app: web.Application) -> Any:
         # recovery that knows its peers (issue 9) instead of Accounting.start(), which
