@@ -63,7 +63,7 @@ def client(hgw: ServerThread) -> Iterator[httpx.Client]:
 
 @schema.parametrize()
 @settings(
-    max_examples=_examples(2500),
+    max_examples=_examples(1500),
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,
@@ -96,7 +96,7 @@ _scalar = (
 _json = st.recursive(
     _scalar,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=10,
+    max_leaves=6,
 )
 _FIELDS = [*openapi_document()["components"]["schemas"]["ChatCompletionRequest"]["properties"]]
 _message = st.fixed_dictionaries(
@@ -118,7 +118,7 @@ _auth = st.sampled_from(
 ) | _value.map(lambda v: "Bearer " + v)
 
 
-@settings(max_examples=_examples(4000), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=_examples(1500), deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=_body, stream=st.booleans())
 def test_fuzz_bodies(client: httpx.Client, body: dict[str, Any], stream: bool) -> None:
     if stream:
@@ -130,7 +130,7 @@ def test_fuzz_bodies(client: httpx.Client, body: dict[str, Any], stream: bool) -
     check_answer(r.status_code, r.headers.get("content-type", ""), r.content)
 
 
-@settings(max_examples=_examples(3000), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=_examples(6000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     auth=_auth,
     extra=st.dictionaries(_token, _value, max_size=5),

@@ -31,6 +31,7 @@ from ncap.errors import (
     PolicyDenied,
 )
 from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.malformed import protocol_handler_args
 from ncap.http.openapi import add_openapi_route
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
@@ -312,7 +313,9 @@ async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) 
 def create_app(config: Config, *, instance_id: str | None = None) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
-        middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes + 1024
+        middlewares=[errors_middleware],
+        client_max_size=config.limits.max_body_bytes + 1024,
+        handler_args=protocol_handler_args(),
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
