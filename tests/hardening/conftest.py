@@ -18,10 +18,25 @@ ADMIN_KEY = "sk-ncap-admin-key-hardening"
 MODEL = "fake-model"
 
 
+FAULTS = ("error_500", "server_error_400", "reset_mid_stream", "malformed_json", "timeout=5")
+
+
+def fault_alias(fault: str) -> str:
+    """The model alias whose route has the fake upstream inject ``fault``."""
+    return "fault-" + fault.partition("=")[0]
+
+
 def hardened_config(upstream: str, tmp: Path) -> object:
+    base = gateway_config(upstream, tmp).model_dump(mode="json")["routes"]["fake"]
+    routes = {
+        fault_alias(f): {**base, "headers": {"x-fake-fault": f}, "timeout_s": 1, "retries": 1}
+        for f in FAULTS
+    }
     return gateway_config(
         upstream,
         tmp,
+        routes=routes,
+        models={MODEL: ["fake"], **{fault_alias(f): [fault_alias(f)] for f in FAULTS}},
         keys=[{"hash": hash_key(CLIENT_KEY), "workload": "default"}],
         server={"ramp": {"requests_per_second": 100000, "burst": 100000}, "max_in_flight": 4096},
         workloads={"default": {"max_candidates": 4, "output_ceiling": 256, "max_concurrency": 512}},
@@ -29,7 +44,9 @@ def hardened_config(upstream: str, tmp: Path) -> object:
 
 
 @pytest.fixture(scope="module")
-def hgw(fake: tuple[str, FakeState], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+def hgw(
+    fake: tuple[str, FakeState], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
     fake[1].reset()
     mp = pytest.MonkeyPatch()
     mp.setenv("NCAP_ADMIN_KEY", ADMIN_KEY)

@@ -13,11 +13,17 @@ from tests.support import ServerThread
 
 CANARY = b"CANARYzq81"
 _BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}'
-_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + CLIENT_KEY.encode()
+_HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + CLIENT_KEY.encode()
+)
 
 CASES = {
-    "nul in a header value": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\x00" + CANARY + b"\r\n\r\n",
-    "control byte in a header name": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX\x01" + CANARY + b": v\r\n\r\n",
+    "nul in a header value": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\x00"
+    + CANARY
+    + b"\r\n\r\n",
+    "control byte in a header name": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX\x01"
+    + CANARY
+    + b": v\r\n\r\n",
     "broken request line": b"GET /v1/models HTTP/1.1 " + CANARY + b"\r\nHost: x\r\n\r\n",
     "not HTTP at all": CANARY + b" \x16\x03\x01\x00\xa5\r\n\r\n",
     "bad http version": b"GET /v1/models HTTP/9." + CANARY + b"\r\nHost: x\r\n\r\n",

@@ -24,16 +24,16 @@ from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config
 from ncap.errors import (
-    BodyTooLarge,
     InvalidApiKey,
     InvalidRequest,
     NcapError,
     PolicyDenied,
 )
 from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.limits import bounded_stream, handler_limits, read_body
 from ncap.http.malformed import protocol_handler_args
-from ncap.http.openapi import add_openapi_route
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
+from ncap.http.openapi import add_openapi_route
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
@@ -209,20 +209,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     admission = app[ADMISSION]
     admission.enter()
     try:
-        raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
+        raw = await read_body(request, app[CONFIG].limits.max_body_bytes)
         reply = await app[GATEWAY].chat(raw, caller, request_id)
         return await _write(request, reply, request_id)
     finally:
         admission.leave()
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    raw = await request.content.read(limit + 1)
-    if len(raw) > limit:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    return raw
 
 
 async def _write(request: web.Request, reply: Reply, request_id: str) -> web.StreamResponse:
@@ -231,14 +222,15 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         return await _write_body(request, reply)
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
     stream = reply.stream
+    bounded = bounded_stream(stream, request.app[CONFIG].limits.max_stream_s)
     try:
         # started before anything can fail, so that closing it always runs its
         # settlement and closes the upstream (its first event is already here)
-        first = await anext(stream, None)
+        first = await anext(bounded, None)
         await response.prepare(request)
         if first is not None:
             await response.write(first)
-        async for chunk in stream:
+        async for chunk in bounded:
             await response.write(chunk)
     except (ConnectionError, OSError):
         pass  # the client went away; closing the stream cancels the upstream request
@@ -315,7 +307,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app = web.Application(
         middlewares=[errors_middleware],
         client_max_size=config.limits.max_body_bytes + 1024,
-        handler_args=protocol_handler_args(),
+        handler_args=protocol_handler_args() | handler_limits(config.limits),
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()

@@ -37,7 +37,7 @@ class ProtocolLog:
     def debug(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
         self._one_line(logging.DEBUG, msg, args, exc_info)
 
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging's own name)
+    def isEnabledFor(self, level: int) -> bool:
         return self._log.isEnabledFor(level)
 
     def _one_line(self, level: int, msg: str, args: tuple[Any, ...], exc_info: Any) -> None:
