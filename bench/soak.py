@@ -150,7 +150,9 @@ def _envelope(raw: bytes) -> bool:
     return isinstance(error, dict) and {"message", "type", "param", "code"} <= set(error)
 
 
-async def drive(url: str, args: argparse.Namespace, pid: int, samples: list[dict[str, float]]) -> Tally:
+async def drive(
+    url: str, args: argparse.Namespace, pid: int, samples: list[dict[str, float]]
+) -> Tally:
     tally = Tally()
     rng = random.Random(args.seed)
     deadline = time.monotonic() + args.duration
@@ -165,7 +167,9 @@ async def drive(url: str, args: argparse.Namespace, pid: int, samples: list[dict
         async def sampler() -> None:
             start = time.monotonic()
             while time.monotonic() < deadline:
-                samples.append({"t": time.monotonic() - start, "rss": bl.rss_mib(pid), "fds": fds(pid)})
+                samples.append(
+                    {"t": time.monotonic() - start, "rss": bl.rss_mib(pid), "fds": fds(pid)}
+                )
                 await asyncio.sleep(1)
 
         await asyncio.gather(sampler(), *(worker() for _ in range(args.concurrency)))
@@ -173,7 +177,11 @@ async def drive(url: str, args: argparse.Namespace, pid: int, samples: list[dict
 
 
 def fds(pid: int) -> float:
-    return float(sum(len(os.listdir(f"/proc/{p}/fd")) for p in bl.tree(pid) if Path(f"/proc/{p}/fd").exists()))
+    return float(
+        sum(
+            len(os.listdir(f"/proc/{p}/fd")) for p in bl.tree(pid) if Path(f"/proc/{p}/fd").exists()
+        )
+    )
 
 
 def slope_per_hour(samples: list[dict[str, float]], key: str) -> float:
@@ -203,7 +211,11 @@ async def books(stores: dict[str, str]) -> dict[str, Any]:
     states: dict[str, int] = {}
     for e in events:
         states[e.state] = states.get(e.state, 0) + 1
-    today = [e for e in events if e.state != "denied" and e.timestamp.astimezone(UTC).date() == now.date()]
+    today = [
+        e
+        for e in events
+        if e.state != "denied" and e.timestamp.astimezone(UTC).date() == now.date()
+    ]
 
     def spent(e: Any) -> tuple[int, int]:
         if e.state in ("settled", "reconciled"):
@@ -226,7 +238,10 @@ async def books(stores: dict[str, str]) -> dict[str, Any]:
 
 def store_urls(kind: str, tmp: Path) -> tuple[dict[str, str], Any]:
     if kind == "embedded":
-        return {"ledger": f"sqlite:///{tmp}/ledger.db", "budgets": f"sqlite:///{tmp}/budgets.db"}, None
+        return {
+            "ledger": f"sqlite:///{tmp}/ledger.db",
+            "budgets": f"sqlite:///{tmp}/budgets.db",
+        }, None
     import psycopg
 
     name = "soak_" + uuid.uuid4().hex[:10]
@@ -246,7 +261,9 @@ def store_urls(kind: str, tmp: Path) -> tuple[dict[str, str], Any]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--duration", type=float, default=120)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--stores", choices=["embedded", "pg-redis"], default="embedded")
@@ -257,19 +274,23 @@ def main() -> int:
     args = p.parse_args()
     args.duration = min(args.duration, 600.0)
     if args.gemini:
-        print("--gemini: the gateway's Gemini provider is not merged yet (issue 10b)", file=sys.stderr)
+        print(
+            "--gemini: the gateway's Gemini provider is not merged yet (issue 10b)", file=sys.stderr
+        )
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="ncap-soak-"))
     stores, drop = store_urls(args.stores, tmp)
     py = sys.executable
     env = {"NCAP_SOAK_UPSTREAM_KEY": "sk-soak-upstream", "PYTHONPATH": str(bl.ROOT / "src")}
     up_port, gw_port = bl.free_port(), bl.free_port()
-    (tmp / "ncap.yaml").write_text(yaml.safe_dump(config(f"http://127.0.0.1:{up_port}/v1", tmp, stores)))
-    upstream = bl.start_server("fake", [py, "-m", "ncap.testing.fake_upstream", "--port", str(up_port)], tmp, env)
-    gw = bl.start_server(
-        "ncap", [py, "-m", "ncap.cli.main", "serve", "--config", str(tmp / "ncap.yaml"), "--port", str(gw_port)],
-        tmp, env, cwd=tmp,
-    )  # fmt: skip
+    (tmp / "ncap.yaml").write_text(
+        yaml.safe_dump(config(f"http://127.0.0.1:{up_port}/v1", tmp, stores))
+    )
+    upstream = bl.start_server(
+        "fake", [py, "-m", "ncap.testing.fake_upstream", "--port", str(up_port)], tmp, env
+    )
+    serve = [py, "-m", "ncap.cli.main", "serve", "--config", str(tmp / "ncap.yaml")]
+    gw = bl.start_server("ncap", [*serve, "--port", str(gw_port)], tmp, env, cwd=tmp)
     url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
     try:
         _wait(url)
@@ -286,16 +307,25 @@ def main() -> int:
         if drop:
             drop()
     upstream_requests = stats.get("by_endpoint", {}).get("chat", stats.get("requests"))
-    report = {
-        "stores": args.stores, "duration_s": round(elapsed, 1), "concurrency": args.concurrency,
-        "requests": tally.sent, "by_status": tally.by_status, "client_disconnects": tally.disconnects,
-        "hung": tally.hung, "bad_envelopes": tally.bad_envelope, "upstream_requests": upstream_requests,
+    report: dict[str, Any] = {
+        "stores": args.stores,
+        "duration_s": round(elapsed, 1),
+        "concurrency": args.concurrency,
+        "requests": tally.sent,
+        "by_status": tally.by_status,
+        "client_disconnects": tally.disconnects,
+        "hung": tally.hung,
+        "bad_envelopes": tally.bad_envelope,
+        "upstream_requests": upstream_requests,
         **result,
-        "rss_first_mib": samples[0]["rss"], "rss_last_mib": samples[-1]["rss"],
+        "rss_first_mib": samples[0]["rss"],
+        "rss_last_mib": samples[-1]["rss"],
         "rss_slope_mib_per_h": round(slope_per_hour(samples, "rss"), 1),
-        "fds_first": samples[0]["fds"], "fds_last": samples[-1]["fds"],
-        "fds_slope_per_h": round(slope_per_hour(samples, "fds"), 1), "samples": samples,
-    }  # fmt: skip
+        "fds_first": samples[0]["fds"],
+        "fds_last": samples[-1]["fds"],
+        "fds_slope_per_h": round(slope_per_hour(samples, "fds"), 1),
+        "samples": samples,
+    }
     failures = checks(report, args)
     report["failures"] = failures
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -311,13 +341,21 @@ def checks(r: dict[str, Any], args: argparse.Namespace) -> list[str]:
     if r["hung"] or r["bad_envelopes"]:
         out.append(f"hung {r['hung']}, bad envelopes {r['bad_envelopes']}")
     if r["dispatched_rows"] != r["upstream_requests"]:
-        out.append(f"ledger rows {r['dispatched_rows']} != upstream attempts {r['upstream_requests']}")
+        out.append(
+            f"ledger rows {r['dispatched_rows']} != upstream attempts {r['upstream_requests']}"
+        )
     if r["states"].get("reserved"):
         out.append(f"{r['states']['reserved']} rows left reserved")
-    if (r["ledger_tokens_day"], r["ledger_cost_day"]) != (r["counter_tokens_day"], r["counter_cost_day"]):
+    if (r["ledger_tokens_day"], r["ledger_cost_day"]) != (
+        r["counter_tokens_day"],
+        r["counter_cost_day"],
+    ):
         out.append("budget counters != ledger sums")
     if r["counter_in_flight"] or r["outstanding_holds"] != r["held_rows"]:
-        out.append(f"in flight {r['counter_in_flight']}, holds {r['outstanding_holds']} vs held rows {r['held_rows']}")
+        out.append(
+            f"in flight {r['counter_in_flight']}, holds {r['outstanding_holds']}"
+            f" vs held rows {r['held_rows']}"
+        )
     # the first half is warm-up (connection pools, caches); the trend is the second half's
     half = r["samples"][len(r["samples"]) // 2 :]
     if r["duration_s"] >= 60 and r["rss_slope_mib_per_h"] > args.rss_slope_mib_h:
