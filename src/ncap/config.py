@@ -124,6 +124,11 @@ class Stores(_Model):
 class Limits(_Model):
     max_candidates_absolute: int = Field(16, ge=1, le=128)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # issue 15: the rest of the request's size limits (see http/limits.py)
+    max_header_bytes: int = Field(8190, ge=1024)  # one header line (aiohttp's default)
+    max_headers: int = Field(100, ge=8)
+    max_messages: int = Field(2048, ge=1)
+    max_stream_s: float = Field(900, gt=0)  # wall clock of one streamed answer
 
 
 class KeyEntry(_Model):

@@ -26,7 +26,6 @@ from ncap.auth import hash_key
 from ncap.config import Config, Route
 from ncap.domain.grants import Grants
 from ncap.errors import (
-    BodyTooLarge,
     InvalidApiKey,
     InvalidRequest,
     NcapError,
@@ -35,7 +34,10 @@ from ncap.errors import (
 from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
 from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.limits import bounded_stream, handler_limits, read_body
+from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
+from ncap.http.openapi import add_openapi_route
 from ncap.http.signals import RequestSignals, tracer_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
@@ -235,7 +237,7 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
         admission = app[ADMISSION]
         admission.enter()
         try:
-            raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
+            raw = await read_body(request, app[CONFIG].limits.max_body_bytes)
             gateway = app[GATEWAY]
             if kind == "chat":
                 key = request.headers.get("Idempotency-Key")
@@ -271,15 +273,6 @@ def _client_retry_count(header: str | None) -> int | None:
     return value if value < 2**31 else None
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    raw = await request.content.read(limit + 1)
-    if len(raw) > limit:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    return raw
-
-
 async def _write(request: web.Request, reply: Reply, request_id: str) -> web.StreamResponse:
     reply.headers["x-request-id"] = request_id
     if reply.stream is None:
@@ -288,14 +281,15 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
     stream = reply.stream
     signals = request.app[SIGNALS]
     signals.responded(request_id, reply.status)
+    bounded = bounded_stream(stream, request.app[CONFIG].limits.max_stream_s)
     try:
         # started before anything can fail, so that closing it always runs its
         # settlement and closes the upstream (its first event is already here)
-        first = await anext(stream, None)
+        first = await anext(bounded, None)
         await response.prepare(request)
         if first is not None:
             await response.write(first)
-        async for chunk in stream:
+        async for chunk in bounded:
             await response.write(chunk)
     except (ConnectionError, OSError):
         pass  # the client went away; closing the stream cancels the upstream request
@@ -398,7 +392,9 @@ def create_app(
 ) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
-        middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes + 1024
+        middlewares=[errors_middleware],
+        client_max_size=config.limits.max_body_bytes + 1024,
+        handler_args=protocol_handler_args() | handler_limits(config.limits),
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
@@ -455,6 +451,7 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     add_dashboard_routes(app, config)
     add_admin_routes(app, config)
+    add_openapi_route(app)
 
     async def lifecycle(app: web.Application) -> Any:
         # recovery that knows its peers (issue 9): only dead instances' rows are lost

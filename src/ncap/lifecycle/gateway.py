@@ -27,6 +27,7 @@ from ncap.lifecycle.reports import answered_report
 from ncap.lifecycle.settle import Accounting
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest
+from ncap.protocol.limits import check_message_count
 from ncap.protocol.validate import (
     MULTI_CANDIDATE_FIELDS,
     parse_chat_request,
@@ -128,13 +129,16 @@ class Gateway:
         """The validated body (chat or legacy); a refused multi-candidate field is also
         a denial row."""
         try:
-            return parse(raw, extra_fields=self._extra_fields)
+            body, request = parse(raw, extra_fields=self._extra_fields)
         except UnknownParameter as exc:
             if exc.param in MULTI_CANDIDATE_FIELDS:
                 body = msgspec.json.decode(raw)  # decoded once already: a JSON object
                 chain = self._allowed_chain(body.get("model"), caller)
                 await self._admitter.refuse_field(request_id, caller, body, exc.param, chain)
             raise
+        if isinstance(request, ChatCompletionRequest):  # a legacy prompt has no messages
+            check_message_count(request.messages, self.config.limits.max_messages)
+        return body, request
 
     def _allowed_chain(self, model: object, caller: Caller) -> list[RouteRuntime]:
         """The alias's chain when the caller may use it, else none (nothing recorded)."""
