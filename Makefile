@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
 
 setup:
 	@scripts/setup.sh
@@ -34,7 +34,7 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine
+bench: bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz
 
 # every row of issue 8's table, side by side in one run, with the machine's load
 bench-gateway: setup
@@ -59,6 +59,17 @@ bench-stack: setup
 
 bench-engine: setup
 	$(BIN)/python bench/engine_bench.py --repeat 2
+
+# issue 15: the long fuzz pass (x10 the CI case counts: about 100,000 cases)
+FUZZ_SCALE ?= 10
+fuzz: setup
+	NCAP_FUZZ_SCALE=$(FUZZ_SCALE) $(BIN)/pytest tests/hardening/test_fuzz.py -q -s -p no:cacheprovider
+
+# issue 15: load + faults + disconnects, then the books (bounded to 600 s)
+SOAK_S ?= 120
+SOAK_STORES ?= embedded
+soak: setup
+	$(BIN)/python bench/soak.py --duration $(SOAK_S) --stores $(SOAK_STORES)
 
 clean:
 	rm -rf $(VENV) .venv-litellm bench/portkey/node_modules .ncap .pytest_cache .mypy_cache .ruff_cache

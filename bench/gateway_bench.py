@@ -10,6 +10,10 @@ a workload ``max_concurrency`` above the load's concurrency; run from its own wo
 directory so ``.ncap/ledger.db`` lands there), ``ncap-sqlite`` (SQLite ledger and
 SQLite budgets, both ``synchronous=FULL``: the default before issue 8), ``portkey``
 (``@portkey-ai/gateway`` from npm, scripts/setup-portkey.sh) and ``litellm``.
+``ncap-shared`` is one gateway on the shared stores (PostgreSQL ledger + Redis budgets,
+``NCAP_BENCH_POSTGRES`` / ``NCAP_BENCH_REDIS``, a database and key prefix of the run's
+own, dropped afterwards) and ``ncap-shared-2w`` the same with ``ncap serve --workers 2``
+(issue 9): the ratios give shared over the embedded default, and 2 workers over 1.
 
 One run starts the fake upstream and every target up front (idle targets cost
 next to nothing), warms each, then measures round-robin: every round visits every
@@ -62,6 +66,8 @@ TARGETS = (
     "ncap-ledger",
     "ncap",
     "ncap-sqlite",
+    "ncap-shared",
+    "ncap-shared-2w",
     "portkey",
     "litellm",
 )
@@ -71,8 +77,15 @@ NCAP_STORES = {
     "ncap-ledger": "ledger-full",
     "ncap": "default",
     "ncap-sqlite": "sqlite",
+    "ncap-shared": "shared",
+    "ncap-shared-2w": "shared",
 }
-DEFAULT_TARGETS = "direct,bare,ncap-memory,ncap-ledger,ncap,portkey,litellm"
+NCAP_WORKERS = {"ncap-shared-2w": 2}
+BENCH_POSTGRES = os.environ.get("NCAP_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+BENCH_REDIS = os.environ.get("NCAP_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+DEFAULT_TARGETS = (
+    "direct,bare,ncap-memory,ncap-ledger,ncap,ncap-shared,ncap-shared-2w,portkey,litellm"
+)
 PORTKEY_DIR = bl.BENCH / "portkey"
 PORTKEY_BIN = PORTKEY_DIR / "node_modules" / ".bin" / "gateway"
 PIN_UPSTREAM = "1"
@@ -149,6 +162,7 @@ class Run:
     upstream_port: int
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    shared: tuple[str, str] | None = None  # (ledger URL, budgets URL) of this run
 
 
 def start_upstream(work: Path, args: argparse.Namespace) -> tuple[bl.Server, int]:
@@ -192,11 +206,19 @@ routes:
 
 
 def ncap_config_text(
-    upstream_port: int, work: Path, stores: str, max_concurrency: int = 128
+    upstream_port: int,
+    work: Path,
+    stores: str,
+    max_concurrency: int = 128,
+    shared: tuple[str, str] | None = None,
 ) -> str:
     """``default``: the shipped default; ``memory``: both stores in memory;
     ``ledger-full``: SQLite ledger (synchronous FULL) and in-process budgets;
-    ``sqlite``: SQLite ledger and SQLite budgets, both FULL (the pre-issue-8 default)."""
+    ``sqlite``: SQLite ledger and SQLite budgets, both FULL (the pre-issue-8 default);
+    ``shared``: the given PostgreSQL ledger and Redis budgets."""
+    if stores == "shared":
+        assert shared is not None
+        return NCAP_CONFIG.format(upstream_port=upstream_port, ledger=shared[0], budgets=shared[1])
     if stores == "default":
         return NCAP_DEFAULT_CONFIG.format(
             upstream_port=upstream_port, max_concurrency=max_concurrency
@@ -217,18 +239,77 @@ def ncap_target(run: Run, name: str) -> Target | str:
     if not NCAP_BIN.exists():
         return f"{NCAP_BIN} not found"
     stores = NCAP_STORES[name]
+    if stores == "shared" and run.shared is None:
+        reason = shared_stores(run)
+        if reason:
+            return reason
     home = run.work / name
     home.mkdir(exist_ok=True)
     config = Path(run.args.ncap_config) if run.args.ncap_config else run.work / f"{name}.yaml"
     if not run.args.ncap_config:
         limit = 2 * max(run.args.concurrency)
-        config.write_text(ncap_config_text(run.upstream_port, home, stores, limit))
+        config.write_text(ncap_config_text(run.upstream_port, home, stores, limit, run.shared))
     port = bl.free_port()
     argv = [*bl.pin_prefix(run.args.pin_target), str(NCAP_BIN), "serve", "--config", str(config)]
     argv += ["--port", str(port)]
+    if name in NCAP_WORKERS:
+        argv += ["--workers", str(NCAP_WORKERS[name])]
     env = {"NCAP_BENCH_UPSTREAM_KEY": "dummy"}
     server = bl.start_server(name, argv, run.work, env=env, cwd=home)
     return _ready_or_reason(Target(name, _chat_url(port), server, note=f"{stores} stores"))
+
+
+def shared_stores(run: Run) -> str | None:
+    """A PostgreSQL database and a Redis key prefix of this run's own (``run.shared``);
+    a string is the reason the shared targets are skipped."""
+    import asyncio
+
+    import asyncpg
+    import redis
+
+    name = f"ncap_bench_{secrets.token_hex(6)}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(BENCH_POSTGRES, timeout=5)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(create())
+        redis.Redis.from_url(BENCH_REDIS, socket_connect_timeout=5).ping()
+    except Exception as exc:  # any failure only skips the shared targets
+        return f"shared stores unavailable: {type(exc).__name__}"
+    ledger = BENCH_POSTGRES.rsplit("/", 1)[0] + "/" + name
+    sep = "&" if "?" in BENCH_REDIS else "?"
+    run.shared = (ledger, f"{BENCH_REDIS}{sep}prefix={name}")
+    return None
+
+
+def drop_shared_stores(run: Run) -> None:
+    """Drop the run's database and delete its Redis keys."""
+    if run.shared is None:
+        return
+    import asyncio
+
+    import asyncpg
+    import redis
+
+    name = run.shared[0].rsplit("/", 1)[1]
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(BENCH_POSTGRES, timeout=5)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+    client = redis.Redis.from_url(BENCH_REDIS)
+    keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 def bare_target(run: Run) -> Target:
@@ -403,6 +484,11 @@ def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, An
             if cc == c and bare and bare["throughput_rps"]:
                 point[f"{name}_over_bare"] = round(r["throughput_rps"] / bare["throughput_rps"], 2)
         ncap = by.get(("ncap", c))
+        # issue 9: the shared stores over the embedded default, 2 workers over 1
+        for mine, base in (("ncap-shared", "ncap"), ("ncap-shared-2w", "ncap-shared")):
+            a, b = by.get((mine, c)), by.get((base, c))
+            if a and b and b["throughput_rps"]:
+                point[f"{mine}_over_{base}"] = round(a["throughput_rps"] / b["throughput_rps"], 2)
         for other in ("litellm", "portkey"):
             theirs = by.get((other, c))
             if ncap and theirs and theirs["throughput_rps"]:
@@ -570,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_targets(run)
     finally:
         bl.stop_server(upstream)
+        drop_shared_stores(run)
         if not args.keep_logs:
             shutil.rmtree(work, ignore_errors=True)
     add_overheads(run.rows)

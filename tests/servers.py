@@ -37,14 +37,16 @@ def _wait_port(port: int, up: bool, timeout: float = 10) -> None:
 
 
 class PrivateRedis:
-    """A redis-server of the test's own on a free port (no persistence)."""
+    """A redis-server of the test's own on a free port (no persistence unless
+    ``persist``: then an fsync'd append-only file, so its data survives a kill)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, persist: bool = False) -> None:
         if shutil.which("redis-server") is None:
             pytest.skip("redis-server is not installed")
         self.port = free_port()
         self._workdir = workdir
         self._proc: subprocess.Popen[bytes] | None = None
+        self._persist = persist
 
     @property
     def url(self) -> str:
@@ -59,7 +61,9 @@ class PrivateRedis:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self._persist else "no",
+                "--appendfsync",
+                "always",
                 "--dir",
                 str(self._workdir),
             ],
@@ -76,8 +80,8 @@ class PrivateRedis:
 
 
 @contextmanager
-def private_redis(workdir: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(workdir)
+def private_redis(workdir: Path, *, persist: bool = False) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(workdir, persist=persist)
     server.start()
     try:
         yield server

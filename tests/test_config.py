@@ -22,8 +22,8 @@ def test_sections_without_routes_keep_the_embedded_model() -> None:
     [
         ("workloads: {eval: {}}\nmodels: {}\nroutes: {}\n", "workload 'default', which is missing"),
         (
-            "routes: {g: {provider: gemini, base_url: 'https://x'}}\nmodels: {m: [g]}\n",
-            "gemini is not available",
+            "routes: {g: {provider: gemini}}\nmodels: {m: [g]}\n",
+            "upstream_model is required for provider gemini",
         ),
         (
             "workloads: {default: {models: [nope]}}\nmodels: {}\nroutes: {}\n",

@@ -80,6 +80,11 @@ class Server(_Model):
     # how long a /metrics scrape may reuse the last store snapshot (ledger and budget
     # gauges); 0 re-reads the stores on every scrape
     metrics_cache_s: float = Field(2.0, ge=0)
+    # Idempotency-Key: how long a key is remembered (per workload, in the budget store),
+    # and whether the first answer is kept that long to replay it to a repeat
+    # (off: a repeat gets 409 naming the first request)
+    idempotency_ttl_s: float = Field(86400.0, gt=0)
+    idempotency_keep_answers: bool = False
 
     @property
     def is_loopback(self) -> bool:
@@ -119,6 +124,11 @@ class Stores(_Model):
 class Limits(_Model):
     max_candidates_absolute: int = Field(16, ge=1, le=128)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # issue 15: the rest of the request's size limits (see http/limits.py)
+    max_header_bytes: int = Field(8190, ge=1024)  # one header line (aiohttp's default)
+    max_headers: int = Field(100, ge=8)
+    max_messages: int = Field(2048, ge=1)
+    max_stream_s: float = Field(900, gt=0)  # wall clock of one streamed answer
 
 
 class KeyEntry(_Model):
@@ -235,8 +245,10 @@ class Route(_Model):
 
     @model_validator(mode="after")
     def _provider_fields(self) -> Route:
-        if self.provider == "gemini":
-            raise ValueError("provider gemini is not available in this build yet")
+        # gemini: base_url defaults to Google's Gemini API (providers/gemini.py); the
+        # upstream model is part of every URL, so it is required
+        if self.provider == "gemini" and not self.upstream_model:
+            raise ValueError("upstream_model is required for provider gemini")
         if self.provider == "openai" and not self.base_url:
             raise ValueError(f"base_url is required for provider {self.provider}")
         return self
@@ -271,6 +283,46 @@ class Reports(_Model):
     thresholds: Thresholds = Thresholds()
 
 
+class Observability(_Model):
+    """Operators' signals (``observability:``): the JSON access log on ``ncap.access``
+    (one line per request, no content) and OpenTelemetry spans (needs the ``otel``
+    extra; spans go to the process's tracer provider)."""
+
+    access_log: bool = True
+    traces: bool = False
+
+
+AlertScope = Literal["day", "month", "exception"]
+ALERT_SCOPES: tuple[AlertScope, ...] = ("day", "month", "exception")
+
+
+class BudgetAlerts(_Model):
+    """Budget-threshold alerts (``alerts:``): each percentage of each budget (a
+    workload's day or month USD budget, an exception's lifetime budget) is posted once
+    per window period to ``webhook_url`` and shown in the report."""
+
+    webhook_url: str | None = None
+    thresholds: list[int] = Field(default_factory=lambda: [50, 80, 100])
+    scopes: list[AlertScope] = Field(default_factory=lambda: list(ALERT_SCOPES))
+    timeout_s: float = Field(5.0, gt=0)
+    retries: int = Field(3, ge=0, le=10)
+    backoff_s: float = Field(1.0, ge=0)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _percentages(cls, v: list[int]) -> list[int]:
+        if any(p < 1 or p > 1000 for p in v):
+            raise ValueError("thresholds are percentages of a budget, 1 to 1000")
+        return sorted(set(v))
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("webhook_url must be an http:// or https:// URL")
+        return v
+
+
 class Config(_Model):
     server: Server = Server()
     stores: Stores = Stores()
@@ -281,6 +333,8 @@ class Config(_Model):
     models: dict[str, list[str]] = {}
     routes: dict[str, Route] = {}
     reports: Reports = Reports()
+    observability: Observability = Observability()
+    alerts: BudgetAlerts = BudgetAlerts()
 
     @model_validator(mode="after")
     def _references(self) -> Config:

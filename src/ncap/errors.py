@@ -8,6 +8,7 @@
     │   ├── MissingParameter                400 missing_required_parameter
     │   ├── UnknownParameter                400 unknown_parameter
     │   ├── ContextLengthExceeded           400 context_length_exceeded
+    │   ├── IdempotencyKeyMismatch          400 idempotency_key_mismatch
     │   └── PolicyDenied                    400 (policy codes, never retried)
     │       ├── CandidateCountExceedsPolicy       candidate_count_exceeds_policy
     │       ├── CandidatesWithGreedySampling      candidates_with_greedy_sampling
@@ -16,7 +17,10 @@
     │       └── OutputCeilingExceedsPolicy        output_ceiling_exceeds_policy
     ├── BodyTooLarge                        413 request_too_large
     ├── InvalidApiKey                       401 invalid_api_key
+    ├── Forbidden                           403 forbidden (a key that is not the admin key)
+    ├── NotFound                            404 not_found (an admin API entry)
     ├── ModelNotFound                       404 model_not_found
+    ├── IdempotencyKeyReused                409 idempotency_key_reused (x-should-retry: false)
     ├── RateLimited                         429 (Retry-After)
     │   ├── RateLimitExceeded                     rate_limit_exceeded
     │   ├── ConcurrencyLimitExceeded              concurrency_limit_exceeded
@@ -48,6 +52,9 @@ __all__ = [
     "ConcurrencyLimitExceeded",
     "ConfigError",
     "ContextLengthExceeded",
+    "Forbidden",
+    "IdempotencyKeyMismatch",
+    "IdempotencyKeyReused",
     "InvalidApiKey",
     "InvalidJSON",
     "InvalidRequest",
@@ -56,6 +63,7 @@ __all__ = [
     "MissingParameter",
     "ModelNotFound",
     "NcapError",
+    "NotFound",
     "OutputCeilingExceedsPolicy",
     "Overloaded",
     "PolicyDenied",
@@ -165,6 +173,16 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class IdempotencyKeyMismatch(InvalidRequest):
+    """The ``Idempotency-Key`` was used before with another body."""
+
+    code = "idempotency_key_mismatch"
+
+    @property
+    def should_retry(self) -> bool | None:
+        return False
+
+
 class PolicyDenied(InvalidRequest):
     """A request the workload's policy refuses before dispatch; retrying cannot help."""
 
@@ -203,10 +221,36 @@ class InvalidApiKey(NcapError):
     code = "invalid_api_key"
 
 
+class Forbidden(NcapError):
+    status = 403
+    type = "invalid_request_error"
+    code = "forbidden"
+
+
+class NotFound(NcapError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
 class ModelNotFound(NcapError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class IdempotencyKeyReused(NcapError):
+    """A request with this ``Idempotency-Key`` and body was already dispatched and its
+    answer is not kept (or it is a stream): it is not dispatched again. Never retried:
+    a retry would get the same answer."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+    @property
+    def should_retry(self) -> bool | None:
+        return False
 
 
 class RateLimited(NcapError):

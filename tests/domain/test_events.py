@@ -55,8 +55,16 @@ SPEC_COLUMNS = [
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 
 
-# ncap's own columns, after the spec's (what refused a denied request, a failure's status)
-EXTENSION_COLUMNS = ["denied_by", "denied_limit", "denied_amount", "upstream_status"]
+# ncap's own columns, after the spec's (what refused a denied request, a failure's
+# status, each choice's output tokens where the route reveals them)
+EXTENSION_COLUMNS = [
+    "denied_by",
+    "denied_limit",
+    "denied_amount",
+    "upstream_status",
+    "client_retry_count",
+    "output_tokens_per_choice",
+]
 
 
 def test_columns_are_the_specs_in_its_order_then_the_extensions() -> None:

@@ -106,3 +106,36 @@ def test_context_overflow_is_a_400_and_an_attempt_that_cost_nothing(
     request_id = info.value.response.headers["x-request-id"]
     (event,) = asyncio.run(settled_rows(tmp, request_id))
     assert (event.state, event.cost_micros, event.returned_candidate_count) == ("settled", 0, 0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_local_engine_records_each_choice_tokens(
+    local_gw: tuple[ServerThread, Path], stream: bool
+) -> None:
+    """The engine's per-sequence counts reach the ledger, in index order, summing to
+    the total; the wire output is unchanged (usage stays one aggregate)."""
+    gw, tmp = local_gw
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused")
+    args: dict[str, object] = {"n": 3, "temperature": 1.0, "max_tokens": 12, "seed": 3}
+    if stream:
+        raw = client.chat.completions.with_raw_response.create(
+            model="smollm2",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+            **args,  # type: ignore[arg-type]
+        )
+        chunks = list(raw.parse())
+        assert all("output_tokens_per_choice" not in c.model_dump_json() for c in chunks)
+    else:
+        raw = client.chat.completions.with_raw_response.create(
+            model="smollm2",
+            messages=MESSAGES,
+            **args,  # type: ignore[arg-type]
+        )
+        assert "per_choice" not in raw.http_response.text
+    (event,) = asyncio.run(settled_rows(tmp, raw.headers["x-request-id"]))
+    per_choice = event.output_tokens_per_choice
+    assert per_choice is not None and len(per_choice) == 3
+    assert sum(per_choice) == event.output_tokens_total
+    assert all(1 <= t <= 12 for t in per_choice)

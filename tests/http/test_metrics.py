@@ -31,5 +31,10 @@ def test_metrics_after_an_allowed_and_a_denied_request(gw: ServerThread) -> None
 
 def test_readyz_reports_the_stores(gw: ServerThread) -> None:
     r = httpx.get(gw.url + "/readyz", timeout=10)
-    assert r.status_code == 200 and r.json() == {"ready": True, "problems": []}
+    stores = {
+        "ledger": {"backend": "sqlite", "ready": True},
+        "budgets": {"backend": "sqlite", "ready": True},
+    }
+    assert r.status_code == 200
+    assert r.json() == {"ready": True, "problems": [], "stores": stores}
     assert httpx.get(gw.url + "/healthz", timeout=10).json() == {"status": "ok"}

@@ -977,6 +977,7 @@ VALID_COMPLETIONS: list[dict[str, Any]] = [
     {**PROMPT, "stream": True, "stream_options": {"include_usage": True}, "stop": ["x"]},
     {**PROMPT, "max_tokens": 0, "temperature": 0, "top_p": 1, "user": "u", "logit_bias": {"1": 1}},
     {**PROMPT, "frequency_penalty": 1, "presence_penalty": -1, "best_of": 1, "stream": True},
+    {**PROMPT, "best_of": 3, "n": 3, "stream": True},  # best_of == n: nothing to choose
 ]
 
 
@@ -1001,6 +1002,7 @@ INVALID_COMPLETIONS: list[tuple[dict[str, Any] | bytes, type[InvalidRequest], st
     ({**PROMPT, "best_of": 21}, InvalidValue, "best_of"),
     ({**PROMPT, "best_of": 2, "n": 3}, InvalidValue, "best_of"),
     ({**PROMPT, "best_of": 2, "stream": True}, InvalidValue, "best_of"),
+    ({**PROMPT, "best_of": 3, "n": 2, "stream": True}, InvalidValue, "best_of"),
     ({**PROMPT, "max_tokens": -1}, InvalidValue, "max_tokens"),
     ({**PROMPT, "n": 0}, InvalidValue, "n"),
     ({**PROMPT, "stream_options": {"include_usage": True}}, InvalidValue, "stream_options"),

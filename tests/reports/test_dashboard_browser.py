@@ -7,6 +7,7 @@ else was even attempted. The screenshot is kept in ``tests/artifacts/`` (git-ign
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 if shutil.which(CHROMIUM) is None:
+    if os.environ.get("CI") == "true":  # .ci/run installs it: a missing browser is a failure
+        raise RuntimeError(f"{CHROMIUM} is missing in CI (apt-get install -y chromium)")
     pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
 
 

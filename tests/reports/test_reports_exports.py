@@ -8,6 +8,7 @@ EXPORTED = {
     "Alert",
     "DenialRow",
     "DistributionRow",
+    "ChoiceCost",
     "ExceptionUsage",
     "LedgerSource",
     "MismatchRow",

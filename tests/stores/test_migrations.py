@@ -26,7 +26,14 @@ from tests.stores.test_sqlite_ledger import FULL_EVENT, event
 
 OLD_ROWS = [FULL_EVENT, event("req-2", state="reserved", gateway_instance="old-gw")]
 # revision 3 added these (issue 13); rows written at revision 1 have none of them
-ADDED_LATER = ("denied_by", "denied_limit", "denied_amount", "upstream_status")
+ADDED_LATER = (
+    "denied_by",
+    "denied_limit",
+    "denied_amount",
+    "upstream_status",
+    "client_retry_count",
+    "output_tokens_per_choice",
+)
 REV1_COLUMNS = tuple(c for c in LEDGER_COLUMNS if c not in ADDED_LATER)
 
 
@@ -37,8 +44,8 @@ def _rev1_insert() -> str:
 
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
-    assert latest("postgresql") == latest("sqlite") == 3
-    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3]
+    assert latest("postgresql") == latest("sqlite") == 5
+    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5]
 
 
 def _tables(path: Path) -> set[str]:
@@ -78,7 +85,7 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     assert "gateway_instances" in _tables(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 3}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 5}
 
 
 async def _ncap_migrate(config: Path) -> Result:
@@ -98,7 +105,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
     async with pg_database() as url:
         result = await _ncap_migrate(_config(tmp_path, url))
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 3}
+        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 5}
         conn = await asyncpg.connect(url)
         try:
             tables = {
@@ -114,7 +121,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
         finally:
             await conn.close()
         assert {"ledger_events", "gateway_instances", "schema_version"} <= tables
-        assert versions == [1, 2, 3]
+        assert versions == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.postgresql
@@ -135,7 +142,7 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
             got = await asyncio.gather(*(s.get("req-1") for s in stores))
             assert got == [[FULL_EVENT]] * 3
             assert await stores[0].get("req-2") == [OLD_ROWS[1]]
-            assert {s.pool.version for s in stores} == {3}
+            assert {s.pool.version for s in stores} == {5}
             assert await stores[0].mark_lost("old-gw") == 1
         finally:
             for s in stores:

@@ -137,6 +137,8 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, tuple | list):  # output_tokens_per_choice: "12 40 7"
+        return " ".join(str(v) for v in value)
     return str(value)
 
 

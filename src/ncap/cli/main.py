@@ -101,6 +101,10 @@ def serve(
         err.print(f"ncap: {workers} workers on http://{server.host}:{server.port}")
         raise typer.Exit(supervise(args, workers))
     _use_uvloop()
+    if cfg.observability.access_log:
+        from ncap.http.signals import log_access_to_stdout
+
+        log_access_to_stdout()
     err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
     web.run_app(
         create_app(cfg),
@@ -142,6 +146,38 @@ def _warn(cfg: Config, path: Path | None) -> None:
         return
     for warning in warnings_for(cfg, source.read_text(), str(source), datetime.now(UTC)):
         err.print(f"[yellow]warning[/yellow] {warning}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def probe(
+    route: Annotated[str, typer.Argument(help="Route id, as configured under routes:")],
+    config: ConfigOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the findings; write nothing")
+    ] = False,
+) -> None:
+    """Send a minimal n=2 request (and a streamed one) through a configured route and
+    record what came back as its contract (routes.ROUTE.contract in the config file).
+
+    Without a config file (the embedded default) the findings are only printed. An
+    inconclusive answer (429, 5xx, a refused credential) writes nothing (exit 1)."""
+    from ncap.cli.probe import print_findings, probe_route, record_findings
+    from ncap.domain.probe import ProbeInconclusive
+
+    path = config or (Path("ncap.yaml") if Path("ncap.yaml").exists() else None)
+    cfg = load_or_exit(path)
+    try:
+        findings = asyncio.run(probe_route(cfg, route))
+    except ProbeInconclusive as exc:
+        err.print(f"[red]inconclusive[/red] {exc}; nothing was written", highlight=False)
+        raise typer.Exit(1) from None
+    print_findings(Console(), route, findings)
+    if path is None or dry_run:
+        reason = "--dry-run" if dry_run else "no config file (the embedded default)"
+        err.print(f"nothing written: {reason}", highlight=False)
+        return
+    record_findings(path, route, findings)
+    err.print(f"recorded routes.{route}.contract in {path}", highlight=False)
 
 
 def _profiles_help() -> str:

@@ -33,6 +33,7 @@ from ncap.reports import (
     since_window,
     source_from_url,
 )
+from ncap.reports.admin_tables import with_admin_exceptions
 
 __all__ = ["audit", "generate", "report_app"]
 
@@ -110,7 +111,8 @@ def _run(
                 source,
                 window,
                 kind=kind,
-                exceptions=cfg.exceptions,
+                exceptions=with_admin_exceptions(source, cfg.exceptions),
+                pricing={rid: route.pricing for rid, route in cfg.routes.items()},
                 thresholds=cfg.reports.thresholds,
                 step=step,
             )

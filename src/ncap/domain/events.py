@@ -68,7 +68,7 @@ UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_req
 @dataclass(frozen=True, slots=True)
 class LedgerEvent:
     """One attempt: the columns of SPEC §7 in its order, then ncap's own (``denied_*``,
-    ``upstream_status``)."""
+    ``upstream_status``, ``client_retry_count``, ``output_tokens_per_choice``)."""
 
     timestamp: datetime
     request_id: str
@@ -111,6 +111,12 @@ class LedgerEvent:
     # the HTTP status a failed attempt's upstream answered with (null: it answered, or
     # sent no status: a timeout, a reset, a cut stream)
     upstream_status: int | None = None
+    # the client's own retry number for this try (the official SDKs send it as
+    # ``x-stainless-retry-count``; null when absent): a client retry is a row of its own
+    client_retry_count: int | None = None
+    # each choice's output tokens in index order, where the route reveals them (the
+    # local engine; an emulated branch's own usage); None where only the total is known
+    output_tokens_per_choice: tuple[int, ...] | None = None
 
 
 LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerEvent))

@@ -70,6 +70,7 @@ class RequestStream:
         self.prepared = prepared
         self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
         self.done = False
+        self.finished: RequestDone | None = None  # the last event, once it arrived
         self._loop = asyncio.get_running_loop()
 
     def sink(self, events: list[Event]) -> bool:
@@ -92,6 +93,7 @@ class RequestStream:
                     raise event.error
                 if isinstance(event, RequestDone):
                     self.done = True
+                    self.finished = event
             yield events
 
 

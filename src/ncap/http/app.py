@@ -8,6 +8,7 @@ else into a generic 500 envelope (logged without request content), never a trace
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -22,30 +23,38 @@ from aiohttp import web
 
 from ncap.admission import Admission
 from ncap.auth import hash_key
-from ncap.config import Config
+from ncap.config import Config, Route
+from ncap.domain.grants import Grants
 from ncap.errors import (
-    BodyTooLarge,
     InvalidApiKey,
     InvalidRequest,
     NcapError,
     PolicyDenied,
 )
+from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
+from ncap.http.alerts import BudgetAlerter
 from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.limits import bounded_stream, handler_limits, read_body
+from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
+from ncap.http.openapi import add_openapi_route
+from ncap.http.signals import RequestSignals, tracer_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers import provider_for
-from ncap.providers.base import Provider
-from ncap.providers.openai import OpenAIProvider
+from ncap.providers.base import Provider, RequestKind
 from ncap.stores import (
     Identity,
     PeerWatch,
     budgets_from_url,
     history_of,
+    idempotency_for,
     instances_for,
     ledger_from_url,
+    sqlite_target,
 )
+from ncap.stores.admin import AdminStore, admin_store_for_ledger
 
 __all__ = ["create_app"]
 
@@ -60,6 +69,8 @@ METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
 GAUGES = web.AppKey("gauges", StoreGauges)
 REQUEST_ID = web.RequestKey("request_id", str)
+SIGNALS = web.AppKey("signals", RequestSignals)
+ALERTER = web.AppKey("alerter", BudgetAlerter)
 
 
 class _NoStats:
@@ -181,7 +192,10 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
 
 
 def _authenticate(request: web.Request, config: Config) -> Caller:
-    if not config.keys:
+    """The caller of a key in force (config's and admin-made, minus revoked ones);
+    while no key was ever set, every request is workload ``default``."""
+    grants = request.app[GRANTS]
+    if not grants.keys_required:
         return Caller("default", "default")
     header = request.headers.get("Authorization", "")
     if not header.strip():
@@ -193,34 +207,70 @@ def _authenticate(request: web.Request, config: Config) -> Caller:
     scheme, _, key = header.partition(" ")
     if scheme.lower() == "bearer" and key:
         digest = hash_key(key.strip())
-        for entry in config.keys:
+        for entry in grants.keys:
             if secrets.compare_digest(entry.hash, digest):
                 return Caller(entry.workload, entry.environment)
     raise InvalidApiKey("Incorrect API key provided.")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """The legacy ``/v1/completions`` (``n`` and ``best_of``), through the same lifecycle."""
+    return await _completion(request, "completions")
+
+
+async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResponse:
     app = request.app
     request_id = app[REQUEST_IDS].next()
     request[REQUEST_ID] = request_id
-    caller = _authenticate(request, app[CONFIG])
-    admission = app[ADMISSION]
-    admission.enter()
+    signals = app[SIGNALS]
+    signals.begin(request_id)
     try:
-        raw = await _read_body(request, app[CONFIG].limits.max_body_bytes)
-        reply = await app[GATEWAY].chat(raw, caller, request_id)
-        return await _write(request, reply, request_id)
-    finally:
-        admission.leave()
+        caller = _authenticate(request, app[CONFIG])
+        retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
+        if retries is not None:
+            caller = dataclasses.replace(caller, client_retry_count=retries)
+        signals.caller(request_id, caller)
+        admission = app[ADMISSION]
+        admission.enter()
+        try:
+            raw = await read_body(request, app[CONFIG].limits.max_body_bytes)
+            gateway = app[GATEWAY]
+            if kind == "chat":
+                key = request.headers.get("Idempotency-Key")
+                reply = await gateway.chat(raw, caller, request_id, idempotency_key=key)
+            else:
+                reply = await gateway.completions(raw, caller, request_id)
+            return await _write(request, reply, request_id)
+        finally:
+            admission.leave()
+    except BaseException as exc:
+        signals.responded(request_id, *_status_of(exc))
+        signals.end(request_id)  # a no-op when the answer already ended it
+        raise
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    raw = await request.content.read(limit + 1)
-    if len(raw) > limit:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    return raw
+def _status_of(exc: BaseException) -> tuple[int, str | None]:
+    """The status and code the client gets for ``exc`` (what the error middleware sends)."""
+    if isinstance(exc, NcapError):
+        return exc.status, str(exc.code)
+    if isinstance(exc, web.HTTPException):
+        return exc.status, None
+    if isinstance(exc, asyncio.CancelledError):
+        return 499, "client_closed_request"
+    return 500, "internal_error"
+
+
+def _client_retry_count(header: str | None) -> int | None:
+    """The SDK's retry number (0 on the first try); anything not a small count is
+    ignored (it is only recorded, never acted on)."""
+    if header is None or not header.strip().isdigit():
+        return None
+    value = int(header)
+    return value if value < 2**31 else None
 
 
 async def _write(request: web.Request, reply: Reply, request_id: str) -> web.StreamResponse:
@@ -229,28 +279,46 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         return await _write_body(request, reply)
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
     stream = reply.stream
+    signals = request.app[SIGNALS]
+    signals.responded(request_id, reply.status)
+    bounded = bounded_stream(stream, request.app[CONFIG].limits.max_stream_s)
     try:
         # started before anything can fail, so that closing it always runs its
         # settlement and closes the upstream (its first event is already here)
-        first = await anext(stream, None)
+        first = await anext(bounded, None)
         await response.prepare(request)
         if first is not None:
             await response.write(first)
-        async for chunk in stream:
+        async for chunk in bounded:
             await response.write(chunk)
     except (ConnectionError, OSError):
         pass  # the client went away; closing the stream cancels the upstream request
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
+        signals.end(request_id)  # every attempt of the stream is closed by now
     return response
 
 
 async def _write_body(request: web.Request, reply: Reply) -> web.StreamResponse:
     """The bookkeeping runs beside the answer, so a keep-alive connection's next request
     does not wait for it; the app tracks it and drains it on shutdown."""
+    signals, request_id = request.app[SIGNALS], request[REQUEST_ID]
+    signals.responded(request_id, reply.status)
     if reply.after is not None:
-        request.app[BACKGROUND].spawn(reply.after)
+        request.app[BACKGROUND].spawn(_then_end(reply.after, signals, request_id))
+    else:
+        signals.end(request_id)
     return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+
+async def _then_end(
+    settle: Coroutine[Any, Any, None], signals: RequestSignals, request_id: str
+) -> None:
+    """The settlement, then the request's access line and span (its tokens now known)."""
+    try:
+        await settle
+    finally:
+        signals.end(request_id)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -272,9 +340,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    problems = await request.app[ACCOUNTING].check_ready()
-    status = 200 if not problems else 503
-    return web.json_response({"ready": not problems, "problems": problems}, status=status)
+    """Ready when every store answers; a failure names the store and its backend."""
+    stores = await request.app[ACCOUNTING].check_ready()
+    problems = [
+        f"{name} ({s['backend']}): {s['error']}" for name, s in stores.items() if not s["ready"]
+    ]
+    body = {"ready": not problems, "problems": problems, "stores": stores}
+    return web.json_response(body, status=200 if not problems else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -283,9 +355,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def _observed(provider: Provider, route_id: str, metrics: Metrics) -> Provider:
+def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
     """Remote routes report their health; the local engine has its own queue gauge."""
-    if isinstance(provider, OpenAIProvider):
+    provider = provider_for(route, route_id=route_id)
+    if route.provider != "local":
         return ObservedProvider(provider, route_id, metrics)
     return provider
 
@@ -308,10 +381,20 @@ async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) 
     metrics.watch_engine_queue(depth)
 
 
-def create_app(config: Config, *, instance_id: str | None = None) -> web.Application:
+def _admin_store(config: Config) -> AdminStore:
+    url = config.stores.ledger
+    path = sqlite_target(url)[0] if url.startswith("sqlite://") else None
+    return admin_store_for_ledger(url, path)
+
+
+def create_app(
+    config: Config, *, instance_id: str | None = None, tracer_provider: Any = None
+) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
-        middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes + 1024
+        middlewares=[errors_middleware],
+        client_max_size=config.limits.max_body_bytes + 1024,
+        handler_args=protocol_handler_args() | handler_limits(config.limits),
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
@@ -321,7 +404,22 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     budgets = budgets_from_url(
         config.stores.budgets, gateway_instance=instance, history=history_of(raw_ledger)
     )
-    accounting = Accounting(config, ledger, budgets, instance=instance, metrics=metrics_)
+    grants = app[GRANTS] = Grants.from_config(config)
+    admin_store = app[ADMIN_STORE] = _admin_store(config)
+    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store)
+    obs = config.observability
+    signals = app[SIGNALS] = RequestSignals(
+        access_log=obs.access_log, tracer=tracer_for(obs.traces, tracer_provider)
+    )
+    accounting = Accounting(
+        config,
+        ledger,
+        budgets,
+        instance=instance,
+        metrics=metrics_,
+        grants=grants,
+        observers=[o for o in (signals, alerter) if o.enabled],
+    )
     gauges = app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
     )
@@ -334,7 +432,7 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
         timeout_s=config.server.heartbeat_timeout_s,
     )
     routes = {
-        rid: RouteRuntime(rid, route, _observed(provider_for(route, route_id=rid), rid, metrics_))
+        rid: RouteRuntime(rid, route, _observed(route, rid, metrics_))
         for rid, route in config.routes.items()
     }
     app[CONFIG] = config
@@ -342,31 +440,36 @@ def create_app(config: Config, *, instance_id: str | None = None) -> web.Applica
     app[PEERS] = peers
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
-    app[GATEWAY] = Gateway(config, routes, accounting)
+    app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     background = app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     add_dashboard_routes(app, config)
+    add_admin_routes(app, config)
+    add_openapi_route(app)
 
     async def lifecycle(app: web.Application) -> Any:
-        # recovery that knows its peers (issue 9) instead of Accounting.start(), which
-        # would mark every instance's in-flight rows lost
+        # recovery that knows its peers (issue 9): only dead instances' rows are lost
         await peers.start()
         # in-process budgets rebuild from the ledger here even when no peer was lost
         # (once; a no-op for shared stores: this new instance holds nothing yet)
         await budgets.recover_lost(instance)
+        grants.apply(await admin_store.changes())  # admin-made entries survive a restart
         await gauges.refresh(force=True)
         await _warm_local_engines(routes.values(), metrics_)
         yield
         await background.drain()
+        await alerter.drain()
         for rt in routes.values():
             await rt.provider.aclose()
         await peers.stop()
         await accounting.close()
+        await admin_store.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -45,9 +45,10 @@ from ncap.reports import (
     since_window,
     source_from_url,
 )
+from ncap.reports.admin_tables import with_admin_exceptions
 from ncap.stores import sqlite_target
 
-__all__ = ["DASHBOARD_PATH", "add_dashboard_routes"]
+__all__ = ["DASHBOARD_PATH", "add_dashboard_routes", "admin_refusal"]
 
 log = logging.getLogger("ncap.dashboard")
 DASHBOARD_PATH = "/dashboard"
@@ -146,7 +147,13 @@ def _login_page(state: _Dashboard, message: str | None, status: int) -> web.Resp
 
 
 def _refusal(request: web.Request) -> tuple[int, str] | None:
-    """None when the request carries the admin key (header or session cookie)."""
+    return admin_refusal(request, cookie=True)
+
+
+def admin_refusal(request: web.Request, *, cookie: bool) -> tuple[int, str] | None:
+    """None when the request carries the admin key (header, or with ``cookie`` the
+    dashboard's session cookie); else the status (401 no key, 403 a wrong one or no
+    admin key configured) and why. The one admin check, shared by the admin API."""
     state = request.app[DASHBOARD]
     if state.admin_key is None:
         return 403, (
@@ -158,9 +165,9 @@ def _refusal(request: web.Request) -> tuple[int, str] | None:
         if state.is_admin_key(key.strip()):
             return None
         return 403, "That key is not the admin key."
-    if state.valid_session(request.cookies.get(COOKIE)):
+    if cookie and state.valid_session(request.cookies.get(COOKIE)):
         return None
-    return 401, "Sign in with the admin key."
+    return 401, "Sign in with the admin key." if cookie else "Send the admin key as a Bearer token."
 
 
 async def page(request: web.Request) -> web.Response:
@@ -258,7 +265,8 @@ def _build(config: Config, length: timedelta) -> Report:
         return build_report(
             source,
             since_window(length, utcnow()),
-            exceptions=config.exceptions,
+            exceptions=with_admin_exceptions(source, config.exceptions),
+            pricing={rid: route.pricing for rid, route in config.routes.items()},
             thresholds=config.reports.thresholds,
         )
     finally:

@@ -31,7 +31,13 @@ from ncap.domain.events import LedgerEvent, ReconciliationRow
 from ncap.domain.money import micros_from_usd
 from ncap.metrics import Metrics
 from ncap.protocol.validate import MULTI_CANDIDATE_FIELDS
-from ncap.providers.base import AttemptFailed, Provider, StreamEvent, UpstreamResult
+from ncap.providers.base import (
+    AttemptFailed,
+    Provider,
+    RequestKind,
+    StreamEvent,
+    UpstreamResult,
+)
 from ncap.stores.base import BudgetStore, Hold, ImportResult, LedgerStore
 
 __all__ = [
@@ -226,9 +232,11 @@ class ObservedProvider:
         self._route = route_id
         self._metrics = metrics
 
-    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
+    ) -> UpstreamResult:
         try:
-            result = await self.inner.complete(body, timeout=timeout)
+            result = await self.inner.complete(body, timeout=timeout, kind=kind)
         except AttemptFailed as failure:
             self._failed(failure)
             raise
@@ -236,16 +244,16 @@ class ObservedProvider:
         return result
 
     def stream(
-        self, body: Mapping[str, Any], *, timeout: float
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamEvent]]]:
-        return self._stream(body, timeout)
+        return self._stream(body, timeout, kind)
 
     @asynccontextmanager
     async def _stream(
-        self, body: Mapping[str, Any], timeout: float
+        self, body: Mapping[str, Any], timeout: float, kind: RequestKind
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         try:
-            async with self.inner.stream(body, timeout=timeout) as opened:
+            async with self.inner.stream(body, timeout=timeout, kind=kind) as opened:
                 self._answered()
                 yield opened
         except AttemptFailed as failure:

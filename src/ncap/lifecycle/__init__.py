@@ -1,6 +1,7 @@
 """The request lifecycle, split by concern (one module each, imports pointing down):
 
 plan       Caller, RouteRuntime, the frozen Plan, Attempt, AttemptReport, Reply
+asked      what a request asks for, chat or legacy completions (n / best_of, ceiling)
 failures   one table: a failed attempt → its ledger outcome and the client's error
 settle     Accounting: holds and ledger rows; an Attempt begun, closed exactly once
 reports    what an answer or a stream says about itself (finish reasons, usage)

@@ -3,30 +3,31 @@
 the dearest route the request may use, admitted atomically against every budget window
 (SPEC §4–§6). What comes out is the frozen ``Plan`` and the holds it reserved.
 
-The policy reads the validated request struct; only the reservation's size estimate
-reads the body as sent, because it measures the bytes of what the client sent.
+The policy reads the validated request struct (chat or legacy completions: what differs
+is in ``ncap.lifecycle.asked``); only the reservation's size estimate reads the body as
+sent, because it measures the bytes of what the client sent.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from msgspec import UNSET
-
+import ncap.lifecycle.asked as asked
 from ncap import __version__
 from ncap.config import Config, Fingerprint
 from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
 from ncap.domain.events import LedgerEvent
 from ncap.domain.policy import Decision, decide
-from ncap.domain.reservation import Reservation, estimate_input_tokens, reservation_for
-from ncap.errors import PolicyDenied, RateLimited
+from ncap.domain.reservation import Reservation, reservation_for
+from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
+from ncap.lifecycle.asked import Request, given
 from ncap.lifecycle.plan import Caller, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.protocol.chat import ChatCompletionRequest
 from ncap.stores.base import Hold
 
 __all__ = ["Admitter"]
@@ -43,7 +44,7 @@ class Admitter:
         self,
         request_id: str,
         caller: Caller,
-        request: ChatCompletionRequest,
+        request: Request,
         body: dict[str, Any],
         chain: Sequence[RouteRuntime],
     ) -> tuple[Plan, dict[int, Hold]]:
@@ -101,28 +102,33 @@ class Admitter:
             state="denied",
             gateway_instance=self.accounting.instance,
             denied_by=field,
+            client_retry_count=caller.client_retry_count,
         )
         await self.accounting.record_denial(event)
 
-    def _decide(self, caller: Caller, request: ChatCompletionRequest, now: datetime) -> Decision:
-        temperature = _given(request.temperature)
-        return decide(
+    def _decide(self, caller: Caller, request: Request, now: datetime) -> Decision:
+        temperature = given(request.temperature)
+        decision = decide(
             workload_id=caller.workload_id,
             workload=self.config.workloads[caller.workload_id],
-            exceptions=self.config.exceptions,
+            exceptions=self.accounting.grants.exceptions,
             limits=self.config.limits,
-            requested=_given(request.n),
+            requested=asked.candidates(request),
             temperature=float(temperature) if temperature is not None else None,
-            max_completion_tokens=_given(request.max_completion_tokens),
-            max_tokens=_given(request.max_tokens),
+            max_completion_tokens=asked.max_completion_tokens(request),
+            max_tokens=given(request.max_tokens),
             now=now,
         )
+        if decision.ceiling_from_request:
+            return decision
+        ceiling = asked.default_ceiling(request, decision.per_candidate_ceiling)
+        return replace(decision, per_candidate_ceiling=ceiling)
 
     def _plan(
         self,
         request_id: str,
         caller: Caller,
-        request: ChatCompletionRequest,
+        request: Request,
         body: dict[str, Any],
         chain: Sequence[RouteRuntime],
         decision: Decision,
@@ -133,7 +139,14 @@ class Admitter:
         n = decision.effective
         routes = _usable_routes(chain, n, now)
         emulated = candidates_mode(routes[0].route.contract, n) == "emulate"
-        whole = _reservation(body, routes, decision)
+        returns = asked.returned(request)
+        if emulated and returns is not None:
+            raise RouteDoesNotSupportCandidates(
+                f"best_of > n needs the route to rank candidates itself; route "
+                f"{routes[0].id} emulates n by fan-out. Send best_of equal to n.",
+                param="best_of",
+            )
+        whole = _reservation(asked.input_estimate(body, asked.kind_of(request)), routes, decision)
         each = whole
         if emulated:
             each = Reservation(
@@ -154,13 +167,15 @@ class Admitter:
             quota_scope=self.accounting.budgets.quota_scope,
             timestamp=now,
             started=time.monotonic(),
+            kind=asked.kind_of(request),
+            returns=returns,
         )
 
 
 def _draft(
     request_id: str,
     caller: Caller,
-    request: ChatCompletionRequest,
+    request: Request,
     chain: Sequence[RouteRuntime],
     decision: Decision,
     now: datetime,
@@ -182,13 +197,14 @@ def _draft(
         quota_scope=quota_scope,
         timestamp=now,
         started=time.monotonic(),
+        kind=asked.kind_of(request),
     )
 
 
-def _stream_mode(request: ChatCompletionRequest) -> tuple[bool, bool]:
+def _stream_mode(request: Request) -> tuple[bool, bool]:
     """Whether the client streams, and whether it asked for the usage chunk."""
-    options = _given(request.stream_options)
-    return bool(_given(request.stream)), options is not None and bool(_given(options.include_usage))
+    options = given(request.stream_options)
+    return bool(given(request.stream)), options is not None and bool(given(options.include_usage))
 
 
 def _candidate_count(value: Any) -> int | None:
@@ -196,11 +212,6 @@ def _candidate_count(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 128:
         return value
     return None
-
-
-def _given(value: Any) -> Any:
-    """A struct field as the policy reads it: UNSET (absent) and null are both None."""
-    return None if value is UNSET else value
 
 
 def _usable_routes(
@@ -223,16 +234,8 @@ def _usable_routes(
     return (primary, *fallbacks)
 
 
-def _reservation(
-    body: dict[str, Any], routes: Sequence[RouteRuntime], decision: Decision
-) -> Reservation:
+def _reservation(estimate: int, routes: Sequence[RouteRuntime], decision: Decision) -> Reservation:
     """Sized for the dearest route the request may end up on (fallbacks included)."""
-    estimate = estimate_input_tokens(
-        body["messages"],
-        tools=body.get("tools"),
-        functions=body.get("functions"),
-        response_format=body.get("response_format"),
-    )
     sizes = [
         reservation_for(
             estimated_input_tokens=estimate,

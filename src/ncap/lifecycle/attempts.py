@@ -21,7 +21,7 @@ from ncap.errors import NcapError
 from ncap.lifecycle.failures import as_failure, client_error
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.providers.base import AttemptFailed, UpstreamResult
+from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
 from ncap.stores.base import Hold
 from ncap.streaming.sse import StreamEvent
 
@@ -62,8 +62,11 @@ class Attempts:
                     return attempt, await call(attempt)
                 except AttemptFailed as exc:
                     last = exc
-                    if not exc.retryable:
-                        raise client_error(exc) from None
+                    if exc.retryable:
+                        continue
+                    if exc.client_fault is False:
+                        break  # the route's limit, not the request's: a fallback may serve
+                    raise client_error(exc) from None
         assert last is not None
         raise client_error(last) from None
 
@@ -71,7 +74,9 @@ class Attempts:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
         rt = attempt.route
         try:
-            return await rt.provider.complete(body, timeout=rt.route.timeout_s)
+            return await rt.provider.complete(
+                body, timeout=rt.route.timeout_s, kind=attempt.plan.kind
+            )
         except (AttemptFailed, NcapError) as exc:
             await self.accounting.failed(attempt, as_failure(exc))
             raise
@@ -79,17 +84,17 @@ class Attempts:
     async def open(self, attempt: Attempt, body: Mapping[str, Any]) -> StreamOpen:
         """One streamed attempt up to its first event; a failure is recorded, then raised."""
         try:
-            return await _open_stream(attempt.route, body)
+            return await _open_stream(attempt.route, body, attempt.plan.kind)
         except (AttemptFailed, NcapError) as exc:
             await self.accounting.failed(attempt, as_failure(exc))
             raise
 
 
-async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any]) -> StreamOpen:
+async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any], kind: RequestKind) -> StreamOpen:
     stack = AsyncExitStack()
     try:
         rid, events = await stack.enter_async_context(
-            rt.provider.stream(body, timeout=rt.route.timeout_s)
+            rt.provider.stream(body, timeout=rt.route.timeout_s, kind=kind)
         )
         first = await anext(events, None)
     except BaseException:

@@ -135,7 +135,8 @@ def ledger_outcome(f: AttemptFailed, *, unbilled_errors: bool = False) -> Attemp
 
 
 def client_error(f: AttemptFailed) -> NcapError:
-    return TABLE[classify(f)][1](f)
+    """The provider's own account of the client's error wins (it knows its upstream)."""
+    return f.client if f.client is not None else TABLE[classify(f)][1](f)
 
 
 def as_failure(exc: AttemptFailed | NcapError) -> AttemptFailed:

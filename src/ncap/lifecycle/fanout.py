@@ -51,7 +51,7 @@ class FanOut:
         if failures:  # all or nothing: the answered branches are settled (they were paid)
             await settle
             raise _raised(failures[0])
-        merged, returned = _merge(plan.request_id, [r for _, r in answered])
+        merged, returned = _merge(_id(plan), [r for _, r in answered])
         headers = plan.headers(rt.id)
         headers["x-ncap-candidates-returned"] = str(returned)
         headers["content-type"] = "application/json"
@@ -138,7 +138,7 @@ async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIt
             continue
         if isinstance(item, BaseException):
             raise item
-        out = _rebase(item, tallies[index], index, plan.request_id)
+        out = _rebase(item, tallies[index], index, _id(plan))
         if out:
             yield out
 
@@ -152,7 +152,7 @@ def _ending(plan: Plan, tallies: Sequence[Tally], cut: str | None) -> list[bytes
     if not plan.client_wants_usage or usage is None:
         return [DONE]
     model = next((t.model for t in tallies if t.model), plan.alias)
-    return [_usage_chunk(plan.request_id, model, usage), DONE]
+    return [_usage_chunk(plan, model, usage), DONE]
 
 
 async def _pump(index: int, branch: StreamOpen, queue: Queue) -> None:
@@ -168,7 +168,12 @@ async def _pump(index: int, branch: StreamOpen, queue: Queue) -> None:
     await queue.put((index, None))
 
 
-def _rebase(event: StreamEvent, tally: Tally, index: int, request_id: str) -> bytes | None:
+def _id(plan: Plan) -> str:
+    """The merged answer's id, in the endpoint's own prefix."""
+    return f"{'chatcmpl' if plan.kind == 'chat' else 'cmpl'}-{plan.request_id}"
+
+
+def _rebase(event: StreamEvent, tally: Tally, index: int, merged_id: str) -> bytes | None:
     """A branch's chunk as the merged stream's: its choice moved to the branch's index;
     its own usage chunk and ``[DONE]`` kept back (the merged stream ends once)."""
     if event.summary is None:
@@ -179,17 +184,17 @@ def _rebase(event: StreamEvent, tally: Tally, index: int, request_id: str) -> by
         return None
     chunk = msgspec.json.decode(event.data)
     tally.model = tally.model or str(chunk.get("model") or "")
-    chunk["id"] = f"chatcmpl-{request_id}"
+    chunk["id"] = merged_id
     chunk.pop("usage", None)
     for choice in chunk.get("choices") or []:
         choice["index"] = index
     return encode_event(_encode(chunk))
 
 
-def _usage_chunk(request_id: str, model: str, usage: dict[str, int]) -> bytes:
-    chunk = {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
+def _usage_chunk(plan: Plan, model: str, usage: dict[str, int]) -> bytes:
+    chunk: dict[str, Any] = {
+        "id": _id(plan),
+        "object": "chat.completion.chunk" if plan.kind == "chat" else "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": [],
@@ -198,14 +203,14 @@ def _usage_chunk(request_id: str, model: str, usage: dict[str, int]) -> bytes:
     return encode_event(_encode(chunk))
 
 
-def _merge(request_id: str, results: Sequence[UpstreamResult]) -> tuple[bytes, int]:
-    """One chat.completion from k single-candidate ones: choices re-indexed in branch
-    order, usage summed (every branch's prompt was paid)."""
+def _merge(merged_id: str, results: Sequence[UpstreamResult]) -> tuple[bytes, int]:
+    """One answer from k single-candidate ones: choices re-indexed in branch order,
+    usage summed (every branch's prompt was paid)."""
     bodies = [msgspec.json.decode(r.body) for r in results]
     choices = [choice for b in bodies for choice in b.get("choices") or []]
     for index, choice in enumerate(choices):
         choice["index"] = index
-    merged = {**bodies[0], "id": f"chatcmpl-{request_id}", "choices": choices}
+    merged = {**bodies[0], "id": merged_id, "choices": choices}
     usage = summed_usage([r.summary.usage for r in results])
     if usage is not None:
         merged["usage"] = usage

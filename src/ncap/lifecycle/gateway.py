@@ -11,25 +11,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from ncap.config import Config
-from ncap.errors import ModelNotFound, UnknownParameter
+from ncap.errors import InvalidValue, ModelNotFound, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
+from ncap.lifecycle.idempotency import Idempotency, IdempotentRequest
 from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import relay
 from ncap.lifecycle.reports import answered_report
 from ncap.lifecycle.settle import Accounting
 from ncap.protocol.chat import ChatCompletionRequest
-from ncap.protocol.validate import MULTI_CANDIDATE_FIELDS, parse_chat_request
+from ncap.protocol.completions import CompletionRequest
+from ncap.protocol.limits import check_message_count
+from ncap.protocol.validate import (
+    MULTI_CANDIDATE_FIELDS,
+    parse_chat_request,
+    parse_completion_request,
+)
 from ncap.providers.base import UpstreamResult
-from ncap.stores.base import Hold
+from ncap.stores.base import Hold, IdempotencyStore
 
 __all__ = ["Gateway"]
+
+# a fan-out branch asks for one candidate: the count fields are left out
+_CANDIDATE_FIELDS = frozenset({"n", "best_of"})
+_Req = TypeVar("_Req", ChatCompletionRequest, CompletionRequest)
 
 
 class Gateway:
@@ -40,6 +51,7 @@ class Gateway:
         accounting: Accounting,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        idempotency: IdempotencyStore | None = None,
     ) -> None:
         self.config = config
         self.routes = routes
@@ -47,6 +59,15 @@ class Gateway:
         self._admitter = Admitter(config, accounting)
         self._attempts = Attempts(accounting, sleep)
         self._fan_out = FanOut(accounting, self._attempts)
+        self._idempotency = None
+        if idempotency is not None:
+            server = config.server
+            self._idempotency = Idempotency(
+                idempotency,
+                accounting,
+                ttl_s=server.idempotency_ttl_s,
+                keep_answers=server.idempotency_keep_answers,
+            )
         self._extras = {
             alias: frozenset(f for rid in chain for f in routes[rid].route.extra_fields)
             for alias, chain in config.models.items()
@@ -56,31 +77,68 @@ class Gateway:
         workload = self.config.workloads[caller.workload_id]
         return [alias for alias in self.config.models if workload.allows_model(alias)]
 
-    async def chat(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
-        body, request = await self._parse(raw, caller, request_id)
+    async def chat(
+        self, raw: bytes, caller: Caller, request_id: str, *, idempotency_key: str | None = None
+    ) -> Reply:
+        body, request = await self._parse(raw, caller, request_id, parse_chat_request)
         chain = self._chain(request.model, caller)
+        if idempotency_key is None or self._idempotency is None:
+            return await self._serve(request_id, caller, request, body, chain)
+        n = request.n if isinstance(request.n, int) else None
+        stream = request.stream is True
+        req = IdempotentRequest(
+            idempotency_key, raw, caller, request_id, request.model, chain[0], stream, n
+        )
+        return await self._idempotency.run(
+            req, lambda: self._serve(request_id, caller, request, body, chain)
+        )
+
+    async def completions(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
+        """The legacy ``/v1/completions``: the same lifecycle, with ``best_of`` as the
+        candidate count (``ncap.lifecycle.admit``), on routes that serve the endpoint."""
+        body, request = await self._parse(raw, caller, request_id, parse_completion_request)
+        _one_prompt(request)
+        chain = _legacy_routes(self._chain(request.model, caller))
+        return await self._serve(request_id, caller, request, body, chain)
+
+    async def _serve(
+        self,
+        request_id: str,
+        caller: Caller,
+        request: ChatCompletionRequest | CompletionRequest,
+        body: dict[str, Any],
+        chain: list[RouteRuntime],
+    ) -> Reply:
         plan, holds = await self._admitter.admit(request_id, caller, request, body, chain)
         try:
             if not plan.decision.ceiling_from_request:
                 # an explicit output ceiling on every attempt, so the reservation is real
-                body["max_completion_tokens"] = plan.decision.per_candidate_ceiling
+                _send_ceiling(plan, body)
             return await self._dispatch(plan, holds, body)
         except BaseException:
             await self.accounting.abandon(holds)
             raise
 
     async def _parse(
-        self, raw: bytes, caller: Caller, request_id: str
-    ) -> tuple[dict[str, Any], ChatCompletionRequest]:
-        """The validated body; a refused multi-candidate field is also a denial row."""
+        self,
+        raw: bytes,
+        caller: Caller,
+        request_id: str,
+        parse: Callable[..., tuple[dict[str, Any], _Req]],
+    ) -> tuple[dict[str, Any], _Req]:
+        """The validated body (chat or legacy); a refused multi-candidate field is also
+        a denial row."""
         try:
-            return parse_chat_request(raw, extra_fields=self._extra_fields)
+            body, request = parse(raw, extra_fields=self._extra_fields)
         except UnknownParameter as exc:
             if exc.param in MULTI_CANDIDATE_FIELDS:
                 body = msgspec.json.decode(raw)  # decoded once already: a JSON object
                 chain = self._allowed_chain(body.get("model"), caller)
                 await self._admitter.refuse_field(request_id, caller, body, exc.param, chain)
             raise
+        if isinstance(request, ChatCompletionRequest):  # a legacy prompt has no messages
+            check_message_count(request.messages, self.config.limits.max_messages)
+        return body, request
 
     def _allowed_chain(self, model: object, caller: Caller) -> list[RouteRuntime]:
         """The alias's chain when the caller may use it, else none (nothing recorded)."""
@@ -94,7 +152,8 @@ class Gateway:
     async def _dispatch(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
         if plan.emulated:
             rt = plan.usable_routes[0]
-            branch = {f: v for f, v in self._routed(plan, body, rt).items() if f != "n"}
+            routed = self._routed(plan, body, rt)
+            branch = {f: v for f, v in routed.items() if f not in _CANDIDATE_FIELDS}
             fan_out = self._fan_out.stream if plan.stream else self._fan_out.complete
             return await fan_out(plan, holds, branch, rt)
         if plan.stream:
@@ -138,3 +197,34 @@ class Gateway:
         headers = plan.headers(attempt.route.id)
         headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
         return Reply(200, headers, stream=relay(self.accounting, attempt, opened))
+
+
+def _send_ceiling(plan: Plan, body: dict[str, Any]) -> None:
+    """The output ceiling sent upstream when the request set none (for the legacy
+    endpoint the admitter already made it OpenAI's default of 16, within policy)."""
+    field = "max_tokens" if plan.kind == "completions" else "max_completion_tokens"
+    body[field] = plan.decision.per_candidate_ceiling
+
+
+def _one_prompt(request: CompletionRequest) -> None:
+    """One prompt per request: a batch of k prompts is k × n completions, which the
+    candidate policy and the per-request reservation do not describe."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
+        raise InvalidValue(
+            "Invalid value for 'prompt': the gateway takes one prompt per request (a "
+            "string, one array of token ids, or an array holding one of them); send a "
+            "batch as separate requests.",
+            param="prompt",
+        )
+
+
+def _legacy_routes(chain: list[RouteRuntime]) -> list[RouteRuntime]:
+    """The routes that serve ``/v1/completions`` (Gemini has no such endpoint)."""
+    if chain[0].route.provider == "gemini":
+        raise InvalidValue(
+            "This model's route is a Gemini route, which serves /v1/chat/completions only, "
+            "not the legacy /v1/completions.",
+            param="model",
+        )
+    return [rt for rt in chain if rt.route.provider != "gemini"]

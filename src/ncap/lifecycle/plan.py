@@ -17,7 +17,7 @@ from ncap.domain.events import LedgerEvent
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
 from ncap.protocol.responses import SummaryUsage
-from ncap.providers.base import Provider
+from ncap.providers.base import Provider, RequestKind
 from ncap.stores.base import Hold
 
 __all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"]
@@ -25,8 +25,12 @@ __all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
+    """Who sent the request, and which of the client's own tries it is
+    (``x-stainless-retry-count``: every row of the request records it)."""
+
     workload_id: str
     environment: str
+    client_retry_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +70,22 @@ class Plan:
     quota_scope: str
     timestamp: datetime
     started: float
+    # the endpoint (chat, or legacy completions), and for a legacy ``best_of`` > ``n``
+    # how many of the generated candidates come back (None: all of them)
+    kind: RequestKind = "chat"
+    returns: int | None = None
 
     @property
     def candidates_per_attempt(self) -> int:
         return 1 if self.emulated else self.decision.effective
+
+    @property
+    def expected_returned(self) -> int:
+        """The choices a complete answer of one attempt has (``best_of`` generates more
+        candidates than it returns)."""
+        if self.emulated:
+            return 1
+        return self.returns if self.returns is not None else self.decision.effective
 
     def headers(self, route_id: str) -> dict[str, str]:
         d = self.decision
@@ -110,3 +126,4 @@ class AttemptReport:
     usage: SummaryUsage | None
     stream: bool
     cut: str | None  # why a stream ended early, None when it ended normally
+    choice_tokens: tuple[int, ...] | None = None  # per choice, when the provider told

@@ -55,6 +55,8 @@ def _take(event: StreamEvent, tally: Tally, client_wants_usage: bool) -> bytes |
         tally.done = event.done or event.raw == DONE
         return event.raw
     tally.add(event.summary)
+    if event.choice_tokens is not None:
+        tally.choice_tokens = event.choice_tokens
     if event.summary.usage is None or client_wants_usage:
         return event.raw
     if not event.summary.choices:

@@ -23,6 +23,7 @@ class Tally:
     finish: dict[int, str | None] = field(default_factory=dict)
     usage: SummaryUsage | None = None
     done: bool = False
+    choice_tokens: tuple[int, ...] | None = None
 
     def add(self, summary: ResponseSummary) -> None:
         if self.provider_request_id is None:
@@ -44,6 +45,7 @@ def answered_report(result: UpstreamResult) -> AttemptReport:
         usage=summary.usage,
         stream=False,
         cut=None,
+        choice_tokens=result.choice_tokens,
     )
 
 
@@ -55,6 +57,7 @@ def stream_report(tally: Tally, cut: str | None) -> AttemptReport:
         usage=tally.usage,
         stream=True,
         cut=cut,
+        choice_tokens=tally.choice_tokens,
     )
 
 

@@ -19,20 +19,24 @@ is logged twice).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from ncap.config import Config, Pricing
+from ncap.config import Config, ExceptionGrant, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent, settle
+from ncap.domain.grants import Grants
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
-from ncap.errors import NcapError, Refusal
+from ncap.errors import NcapError, Refusal, StoreUnavailable
 from ncap.lifecycle.failures import classify, ledger_outcome
 from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
 from ncap.metrics import Metrics
@@ -40,7 +44,18 @@ from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
 
-__all__ = ["Accounting", "usage_complete"]
+__all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
+
+log = logging.getLogger("ncap.lifecycle")
+
+
+class AttemptObserver(Protocol):
+    """Told when an attempt's row is final (``attempt`` None: a denial, no attempt)."""
+
+    def attempt_closed(
+        self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
+    ) -> None: ...
+
 
 log = logging.getLogger("ncap.lifecycle")
 
@@ -49,8 +64,10 @@ _NOTHING_GENERATED: tuple[AttemptOutcome, ...] = ("rejected", "unbilled_error")
 
 
 class Accounting:
-    """The ledger and the budgets, as the lifecycle uses them (and their own start,
-    readiness and shutdown, which the composition root drives)."""
+    """The ledger and the budgets, as the lifecycle uses them (and their readiness and
+    shutdown, which the composition root drives). Recovering a dead gateway's rows and
+    holds is not here: ``stores.PeerWatch`` does it, knowing which instances are alive
+    (an earlier ``start()`` marked every instance's rows lost, the bug of issue 9)."""
 
     def __init__(
         self,
@@ -61,40 +78,47 @@ class Accounting:
         instance: str,
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        grants: Grants | None = None,
+        observers: Sequence[AttemptObserver] = (),
     ) -> None:
         self.config = config
+        # exceptions and keys in force (the admin API changes them without a restart)
+        self.grants = grants or Grants.from_config(config)
+        self.observers = tuple(observers)
         self.ledger = ledger
         self.budgets = budgets
         self.instance = instance
         self.metrics = metrics
         self.clock = clock
-        self._window_cache: dict[tuple[str, str | None], BudgetWindows] = {}
+        self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
+        self._deferred = Deferred()
 
     # -- lifecycle of the stores -------------------------------------------------------
 
-    async def start(self) -> None:
-        """Recover what a crashed predecessor left in flight (SPEC §6: gateway_lost)."""
-        await self.ledger.mark_lost()
-        await self.budgets.recover_lost()
-        self.metrics.reservations_outstanding.set(len(await self.budgets.outstanding()))
-
     async def close(self) -> None:
+        await self._deferred.close()
         await self.ledger.close()
         await self.budgets.close()
 
-    async def check_ready(self) -> list[str]:
-        """Each store answers a cheap read; the problem list names the ones that did not."""
-        problems = []
+    async def check_ready(self) -> dict[str, dict[str, Any]]:
+        """Each store answers a cheap read: per store, its backend (the URL's scheme),
+        whether it answered, and the error's class when it did not (never a message,
+        which could name a host or a credential)."""
+        stores = self.config.stores
         probes = (
-            ("ledger", self.ledger.get("readyz-probe")),
-            ("budgets", self.budgets.usage(next(iter(self.config.workloads)))),
+            ("ledger", stores.ledger, self.ledger.get("readyz-probe")),
+            ("budgets", stores.budgets, self.budgets.usage(next(iter(self.config.workloads)))),
         )
-        for name, probe in probes:
+        report: dict[str, dict[str, Any]] = {}
+        for name, url, probe in probes:
+            entry: dict[str, Any] = {"backend": _backend(url), "ready": True}
             try:
                 await probe
             except Exception as exc:  # readiness reports any failure, whatever its type
-                problems.append(f"{name}: {type(exc).__name__}")
-        return problems
+                error = exc.detail if isinstance(exc, StoreUnavailable) and exc.detail else None
+                entry.update(ready=False, error=error or type(exc).__name__)
+            report[name] = entry
+        return report
 
     # -- holds -------------------------------------------------------------------------
 
@@ -118,12 +142,12 @@ class Accounting:
             self.metrics.reservations_outstanding.dec()
 
     def _windows(self, caller: Caller, decision: Decision) -> BudgetWindows:
-        """The workload's windows with its engaged exception's; config is frozen, so each
-        pair is converted (USD to micro-USD) once."""
-        key = (caller.workload_id, decision.exception_id)
+        """The workload's windows with its engaged exception's; grants are frozen values,
+        so each pair is converted (USD to micro-USD) once."""
+        grant = self.grants.exception(decision.exception_id)
+        key = (caller.workload_id, grant)
         windows = self._window_cache.get(key)
         if windows is None:
-            grant = next((e for e in self.config.exceptions if e.id == key[1]), None)
             workload = self.config.workloads[caller.workload_id]
             windows = self._window_cache[key] = BudgetWindows.for_workload(workload, grant)
         return windows
@@ -141,9 +165,9 @@ class Accounting:
             quota_scope=self.budgets.quota_scope,
             **_denied_columns(error.refusal, plan),
         )
-        await self.record_denial(event)
+        await self.record_denial(event, plan)
 
-    async def record_denial(self, event: LedgerEvent) -> None:
+    async def record_denial(self, event: LedgerEvent, plan: Plan | None = None) -> None:
         """Write a denial row, count it, and log a budget exhaustion."""
         await self.ledger.append(event)
         workload, reason = event.workload_id, event.policy_reason
@@ -161,6 +185,9 @@ class Accounting:
                 event.denied_limit,
                 event.denied_amount,
             )
+        if plan is not None:  # a refused field has no plan: nothing to observe
+            final = {"state": "denied", "policy_reason": reason}
+            self._notify(plan, None, final, "denied")
 
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
         d, r = plan.decision, plan.attempt_reservation
@@ -185,6 +212,7 @@ class Accounting:
             policy_reason=d.policy_reason,
             state=state,
             gateway_instance=self.instance,
+            client_retry_count=plan.caller.client_retry_count,
         )
 
     # -- one attempt: begun, then closed exactly once ---------------------------------
@@ -230,10 +258,30 @@ class Accounting:
         final, keeps = self._final(attempt, report, outcome)
         if upstream_status is not None:
             final["upstream_status"] = upstream_status
+        hold = attempt.holds.pop(attempt.number, None)
+        row = attempt.row
+
+        async def hold_step() -> None:
+            await self._settle_hold(hold, final, outcome, keeps)
+
+        async def row_step() -> None:
+            await self.ledger.update(row.request_id, row.attempt, **final)
+
         # the hold first: once the row shows its final state, the budget does too
-        await self._settle_hold(attempt, final, outcome, keeps)
-        await self.ledger.update(attempt.row.request_id, attempt.row.attempt, **final)
+        await self._deferred.run(_Steps([hold_step, row_step]))
         self._observe(attempt, final, outcome)
+        self._notify(attempt.plan, attempt, final, outcome)
+
+    def _notify(
+        self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
+    ) -> None:
+        """Tell the observers (access log, traces, budget alerts) that a row is final;
+        they never fail the request or its bookkeeping."""
+        for observer in self.observers:
+            try:
+                observer.attempt_closed(plan, attempt, final, outcome)
+            except Exception as exc:  # an observer's bug must not lose a settlement
+                log.error("attempt observer failed: %s", type(exc).__name__)
 
     def _final(
         self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
@@ -242,7 +290,7 @@ class Accounting:
         its hold stays reserved."""
         usage, rejected = report.usage, outcome in _NOTHING_GENERATED
         settlement = settle(
-            effective_n=attempt.plan.candidates_per_attempt,
+            effective_n=attempt.plan.expected_returned,
             returned_n=0 if rejected else report.returned,
             usage_present=usage_complete(usage),
             stream=report.stream,
@@ -252,6 +300,7 @@ class Accounting:
             final = dict(_NOTHING_USED)
         elif settlement.state == "settled":
             final = _usage_fields(usage, attempt.route.route.pricing)
+            final["output_tokens_per_choice"] = _per_choice(attempt, report)
         else:
             final = {}
         final.update(
@@ -266,9 +315,8 @@ class Accounting:
         return final, settlement.holds_reservation
 
     async def _settle_hold(
-        self, attempt: Attempt, final: dict[str, Any], outcome: AttemptOutcome, keeps: bool
+        self, hold: Hold | None, final: dict[str, Any], outcome: AttemptOutcome, keeps: bool
     ) -> None:
-        hold = attempt.holds.pop(attempt.number, None)
         if hold is None:
             return
         if outcome in _NOTHING_GENERATED:
@@ -293,6 +341,104 @@ class Accounting:
             m.pending_reconciliation.inc()
 
 
+class _Steps:
+    """A settlement's store writes in order; a retry resumes at the first not done
+    (each is safe to repeat: a settled hold is not settled twice, an update rewrites
+    the same columns)."""
+
+    def __init__(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
+        self._steps = steps
+
+    async def __call__(self) -> None:
+        while self._steps:
+            await self._steps[0]()
+            self._steps.pop(0)
+
+
+class Deferred:
+    """Settlements a store refused, retried with backoff until the store is back.
+
+    Without this, a settlement that met a Redis or PostgreSQL outage left its hold
+    active and its row ``reserved`` under a live gateway (whose heartbeat goes on), so
+    nothing ever swept them. At most ``max_pending`` wait (then the store error
+    propagates, as before); one warning when the first is kept, one line when all are
+    applied. The lifecycle does not wait for a kept settlement: the client's answer
+    (or error) does not depend on it.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_pending: int = 10_000,
+        first_delay_s: float = 0.1,
+        max_delay_s: float = 5.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._pending: deque[_Steps] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._max_pending = max_pending
+        self._delays = (first_delay_s, max_delay_s)
+        self._sleep = sleep
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def run(self, steps: _Steps) -> None:
+        if self._pending:  # keep settlements in order behind the ones already waiting
+            self._keep(steps, None)
+            return
+        try:
+            await steps()
+        except StoreUnavailable as exc:
+            self._keep(steps, exc)
+
+    def _keep(self, steps: _Steps, exc: StoreUnavailable | None) -> None:
+        if len(self._pending) >= self._max_pending:
+            raise exc or StoreUnavailable("ledger or budgets", "store", "settlements backlog")
+        if not self._pending and exc is not None:
+            log.warning(
+                "settlement deferred: the %s store (%s) is unavailable (%s); settlements "
+                "are kept and retried until it is back",
+                exc.store,
+                exc.backend,
+                exc.detail,
+            )
+        self._pending.append(steps)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._retry())
+
+    async def _retry(self) -> None:
+        delay, longest = self._delays
+        while self._pending:
+            await self._sleep(delay)
+            try:
+                while self._pending:
+                    await self._pending[0]()
+                    self._pending.popleft()
+            except StoreUnavailable:
+                delay = min(delay * 2, longest)
+        log.warning("deferred settlements applied: the store is back")
+
+    async def close(self) -> None:
+        """One last try at shutdown; what is left stays ``reserved`` for recovery."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(StoreUnavailable):
+            while self._pending:
+                await self._pending[0]()
+                self._pending.popleft()
+        if self._pending:
+            log.error("%d settlements not applied at shutdown (rows stay reserved)", self.pending)
+
+
+def _backend(url: str) -> str:
+    scheme = url.partition(":")[0].lower()
+    return {"postgres": "postgresql", "rediss": "redis"}.get(scheme, scheme)
+
+
 def usage_complete(usage: SummaryUsage | None) -> bool:
     return (
         usage is not None
@@ -314,6 +460,21 @@ def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "cost_micros": cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing),
     }
+
+
+def _per_choice(attempt: Attempt, report: AttemptReport) -> tuple[int, ...] | None:
+    """Each choice's output tokens where the route revealed them: the provider's own
+    counts when they add up to its total, or an emulated branch's (one choice, its own
+    usage). Never split from a total (None then)."""
+    total = report.usage.completion_tokens if report.usage else None
+    if total is None:
+        return None
+    counts = report.choice_tokens
+    if counts is not None and len(counts) == report.returned and sum(counts) == total:
+        return counts
+    if attempt.plan.emulated and report.returned == 1:
+        return (total,)
+    return None
 
 
 def _usage_source(usage: SummaryUsage | None, stream: bool, outcome: AttemptOutcome) -> Any:

@@ -206,9 +206,11 @@ def _check_completion_rules(request: CompletionRequest) -> None:
             f"Invalid value for 'best_of': it must be >= 'n' ({request.n}), but got {best_of}.",
             param="best_of",
         )
-    if isinstance(best_of, int) and best_of > 1 and request.stream is True:
+    n = request.n if isinstance(request.n, int) else 1
+    if isinstance(best_of, int) and best_of > n and request.stream is True:
         raise InvalidValue(
-            "Invalid value for 'best_of': results cannot be streamed when 'best_of' > 1.",
+            "Invalid value for 'best_of': results cannot be streamed when 'best_of' > 'n' "
+            "(the best candidates are chosen once all are complete).",
             param="best_of",
         )
 

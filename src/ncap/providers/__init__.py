@@ -8,7 +8,6 @@ and no llama.cpp.
 from __future__ import annotations
 
 from ncap.config import Route
-from ncap.errors import ConfigError
 from ncap.providers.base import Provider
 
 __all__ = ["provider_for"]
@@ -25,5 +24,7 @@ def provider_for(route: Route, *, route_id: str) -> Provider:
             from ncap.providers.local import LocalProvider
 
             return LocalProvider(route)
-        case "gemini":  # refused by config validation; kept for exhaustiveness
-            raise ConfigError(f"route {route_id}: provider gemini is not available yet")
+        case "gemini":
+            from ncap.providers.gemini import GeminiProvider
+
+            return GeminiProvider(route, route_id=route_id)

@@ -14,12 +14,23 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ncap.protocol.responses import ResponseSummary
+from ncap.errors import NcapError
+from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamEvent
 
-__all__ = ["AttemptFailed", "Provider", "StreamEvent", "UpstreamErrorDetail", "UpstreamResult"]
+__all__ = [
+    "AttemptFailed",
+    "Provider",
+    "RequestKind",
+    "StreamEvent",
+    "UpstreamErrorDetail",
+    "UpstreamResult",
+]
 
 FailureKind = Literal["status", "timeout", "connection", "protocol"]
+RequestKind = Literal["chat", "completions"]
+"""Which OpenAI endpoint the body is for: ``/chat/completions`` or the legacy
+``/completions`` (a ``prompt`` instead of ``messages``, ``best_of``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,9 @@ class UpstreamResult:
     body: bytes
     summary: ResponseSummary
     provider_request_id: str | None = None
+    # each choice's output tokens, in index order, when the provider knows them (the
+    # local engine); never derived from a total
+    choice_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +73,23 @@ class AttemptFailed(Exception):
     partial: bool = field(default=False)
     # False when the request provably never left (connection refused): nothing was billed
     dispatched: bool = field(default=True)
+    # set by a provider that normalizes its upstream's errors itself (Gemini): the error
+    # the client gets, whether the same route may be retried (overriding the status rule)
+    # and whether it is the request's own fault (False: a fallback route may serve)
+    client: NcapError | None = None
+    retry: bool | None = None
+    client_fault: bool | None = None
+    # what the upstream reported despite failing (a blocked prompt's usage), and the most
+    # candidates a refusal of n > 1 stated
+    usage: Usage | None = None
+    max_candidates: int | None = None
 
     @property
     def retryable(self) -> bool:
         if self.partial:
             return False
+        if self.retry is not None:
+            return self.retry
         if self.kind in ("timeout", "connection"):
             return True
         return self.status is not None and (self.status in (408, 409, 429) or self.status >= 500)
@@ -74,12 +100,15 @@ class AttemptFailed(Exception):
 
 class Provider(Protocol):
     """One route's upstream. ``body`` is the OpenAI-wire body to send (already rewritten
-    for the route: upstream model, output ceiling, stream options)."""
+    for the route: upstream model, output ceiling, stream options), for the endpoint
+    ``kind`` names; a provider that does not serve that endpoint raises ``InvalidValue``."""
 
-    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult: ...
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
+    ) -> UpstreamResult: ...
 
     def stream(
-        self, body: Mapping[str, Any], *, timeout: float
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamEvent]]]:
         """Open a stream: yields (provider_request_id, events). Leaving the context
         (client disconnect included) cancels the upstream request."""

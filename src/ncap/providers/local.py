@@ -23,15 +23,21 @@ from ncap.engine import (
     EngineSettings,
     EngineStats,
     RequestStream,
+    TextChunks,
+    best_of,
     chat_chunk_stream,
     chat_completion,
     chat_params,
+    completion_params,
     include_usage,
     new_id,
     summarize,
+    text_chunk_stream,
+    text_completion,
 )
-from ncap.protocol.responses import ChatCompletionChunk, Usage
-from ncap.providers.base import AttemptFailed, UpstreamResult
+from ncap.protocol.completions import TextCompletion
+from ncap.protocol.responses import ChatCompletion, ChatCompletionChunk, Usage
+from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
 from ncap.streaming.sse import DONE, StreamEvent, encode_event
 
 __all__ = ["LocalProvider"]
@@ -72,33 +78,50 @@ class LocalProvider:
         """The engine's counters for metrics; None until the model is loaded."""
         return self._engine.stats() if self._engine is not None else None
 
-    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
+    ) -> UpstreamResult:
         engine = await self.engine()
-        params = chat_params(body)
+        legacy = completion_params(body) if kind == "completions" else None
+        params = legacy.params if legacy is not None else chat_params(body)
         try:
             async with asyncio.timeout(timeout):
                 done = await engine.run(params)
         except TimeoutError as exc:
             raise AttemptFailed("timeout", detail="local engine timed out") from exc
-        id_ = new_id()
-        payload = chat_completion(done, id_=id_, model=self._model(body), created=int(time.time()))
+        created, model = int(time.time()), self._model(body)
+        payload: ChatCompletion | TextCompletion
+        if legacy is not None:
+            id_ = new_id("cmpl")
+            done = best_of(done, legacy.n)  # the n of best_of, by mean log-probability
+            payload = text_completion(done, id_=id_, model=model, created=created)
+        else:
+            id_ = new_id()
+            payload = chat_completion(done, id_=id_, model=model, created=created)
         summary = summarize(
             id_, ((c.index, c.finish_reason) for c in payload.choices), payload.usage or None
         )
-        return UpstreamResult(200, _encode(payload), summary, id_)
+        tokens = tuple(c.tokens for c in done.choices)
+        return UpstreamResult(200, _encode(payload), summary, id_, choice_tokens=tokens)
 
     @asynccontextmanager
     async def stream(
-        self, body: Mapping[str, Any], *, timeout: float
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         engine = await self.engine()
+        model = self._model(body)
+        if kind == "completions":
+            legacy = completion_params(body)
+            id_ = new_id("cmpl")
+            texts = TextChunks(id_=id_, model=model, include_usage=legacy.include_usage)
+            async with engine.open(legacy.params) as stream:
+                yield id_, _events(stream, text_chunk_stream(stream, texts), timeout)
+            return
         params = chat_params(body)
         id_ = new_id()
-        chunks = ChatChunks(
-            id_=id_, model=self._model(body), n=params.n, include_usage=include_usage(body)
-        )
+        chunks = ChatChunks(id_=id_, model=model, n=params.n, include_usage=include_usage(body))
         async with engine.open(params) as stream:
-            yield id_, _events(stream, chunks, timeout)
+            yield id_, _events(stream, chat_chunk_stream(stream, chunks), timeout)
 
     async def aclose(self) -> None:
         if self._engine is not None:
@@ -111,10 +134,13 @@ class LocalProvider:
 
 
 async def _events(
-    stream: RequestStream, chunks: ChatChunks, timeout: float
+    stream: RequestStream,
+    chunks: AsyncIterator[ChatCompletionChunk | TextCompletion],
+    timeout: float,
 ) -> AsyncIterator[StreamEvent]:
-    """Chunks as SSE events; ``timeout`` bounds every wait for the next one."""
-    source = aiter(chat_chunk_stream(stream, chunks))
+    """Chunks as SSE events; ``timeout`` bounds every wait for the next one; the usage
+    chunk carries each choice's token count (``stream.finished``)."""
+    source = aiter(chunks)
     while True:
         try:
             async with asyncio.timeout(timeout):
@@ -124,10 +150,13 @@ async def _events(
         if chunk is None:
             break
         data = _encode(chunk)
-        yield StreamEvent(encode_event(data), _summary(chunk), data=data)
+        counts = None
+        if isinstance(chunk.usage, Usage) and stream.finished is not None:  # after the end
+            counts = stream.finished.choice_tokens
+        yield StreamEvent(encode_event(data), _summary(chunk), data=data, choice_tokens=counts)
     yield StreamEvent(DONE, None, done=True)
 
 
-def _summary(chunk: ChatCompletionChunk) -> Any:
+def _summary(chunk: ChatCompletionChunk | TextCompletion) -> Any:
     use = chunk.usage if isinstance(chunk.usage, Usage) else None
     return summarize(chunk.id, ((c.index, c.finish_reason) for c in chunk.choices), use)

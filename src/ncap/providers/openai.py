@@ -20,7 +20,12 @@ import msgspec
 
 from ncap.config import Route
 from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
-from ncap.providers.base import AttemptFailed, UpstreamErrorDetail, UpstreamResult
+from ncap.providers.base import (
+    AttemptFailed,
+    RequestKind,
+    UpstreamErrorDetail,
+    UpstreamResult,
+)
 from ncap.providers.transport import HttpTransport, mapped, parse_retry_after
 from ncap.streaming.sse import MalformedEvent, StreamEvent, iter_events
 
@@ -30,24 +35,37 @@ log = logging.getLogger("ncap.providers.openai")
 _summary = msgspec.json.Decoder(ResponseSummary)
 _error_decoder = msgspec.json.Decoder(ErrorEnvelope)
 _encode = msgspec.json.Encoder().encode
+_PATHS: tuple[tuple[RequestKind, str], ...] = (
+    ("chat", "chat/completions"),
+    ("completions", "completions"),
+)
 
 
 class OpenAIProvider:
     def __init__(self, route: Route, *, route_id: str) -> None:
         assert route.base_url is not None
         self.route_id = route_id
-        self._transport = HttpTransport(
-            route.base_url.rstrip("/") + "/chat/completions",
-            headers=_headers(route, route_id),
-            connect_timeout_s=route.connect_timeout_s,
-            max_connections=route.max_connections,
-            failure_of=openai_failure,
-            request_id_header="x-request-id",
-        )
+        headers = _headers(route, route_id)
+        base = route.base_url.rstrip("/")
+        # one transport per endpoint; a session (and its pool) opens on first use only
+        self._transports: dict[RequestKind, HttpTransport] = {
+            kind: HttpTransport(
+                f"{base}/{path}",
+                headers=headers,
+                connect_timeout_s=route.connect_timeout_s,
+                max_connections=route.max_connections,
+                failure_of=openai_failure,
+                request_id_header="x-request-id",
+            )
+            for kind, path in _PATHS
+        }
 
-    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
-        payload, headers = await self._transport.post(_encode(body), timeout=timeout)
-        request_id = self._transport.request_id(headers)
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
+    ) -> UpstreamResult:
+        transport = self._transports[kind]
+        payload, headers = await transport.post(_encode(body), timeout=timeout)
+        request_id = transport.request_id(headers)
         try:
             summary = _summary.decode(payload)
         except msgspec.DecodeError as exc:
@@ -58,14 +76,16 @@ class OpenAIProvider:
 
     @asynccontextmanager
     async def stream(
-        self, body: Mapping[str, Any], *, timeout: float
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
-        async with self._transport.open(_encode(body), timeout=timeout) as resp:
-            request_id = self._transport.request_id(resp.headers)
+        transport = self._transports[kind]
+        async with transport.open(_encode(body), timeout=timeout) as resp:
+            request_id = transport.request_id(resp.headers)
             yield request_id, _events(resp, request_id)
 
     async def aclose(self) -> None:
-        await self._transport.aclose()
+        for transport in self._transports.values():
+            await transport.aclose()
 
 
 def _headers(route: Route, route_id: str) -> dict[str, str]:

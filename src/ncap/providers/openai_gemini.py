@@ -748,7 +748,8 @@ class GeminiStream:
 
 
 def _event(chunk: ChatCompletionChunk) -> StreamEvent:
-    return StreamEvent(encode_event(_encode(chunk)), summarize(chunk))
+    data = _encode(chunk)  # kept: the fan-out merge rewrites chunks from their data
+    return StreamEvent(encode_event(data), summarize(chunk), data=data)
 
 
 def summarize(obj: ChatCompletion | ChatCompletionChunk) -> ResponseSummary:

@@ -13,6 +13,7 @@ from ncap.reports.build import STEPS, build_report, nearest_rank, population_sta
 from ncap.reports.indexes import ensure_report_indexes
 from ncap.reports.model import (
     Alert,
+    ChoiceCost,
     DenialRow,
     DistributionRow,
     ExceptionUsage,
@@ -38,6 +39,7 @@ from ncap.reports.source import (
 __all__ = [
     "STEPS",
     "Alert",
+    "ChoiceCost",
     "DenialRow",
     "DistributionRow",
     "ExceptionUsage",

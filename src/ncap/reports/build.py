@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from ncap.config import ExceptionGrant, Thresholds, utcnow
+from ncap.config import ExceptionGrant, Pricing, Thresholds, utcnow
 from ncap.domain.money import micros_from_usd
+from ncap.reports.admin_tables import budget_alerts
 from ncap.reports.model import (
     Alert,
     DenialRow,
@@ -47,6 +48,7 @@ from ncap.reports.model import (
     Totals,
     Window,
 )
+from ncap.reports.per_choice import choice_costs
 from ncap.reports.source import LedgerSource, parse_stamp
 
 __all__ = ["STEPS", "build_report", "nearest_rank", "population_stability_index"]
@@ -164,6 +166,7 @@ def build_report(
     exceptions: Sequence[ExceptionGrant] = (),
     thresholds: Thresholds | None = None,
     extra_alerts: Iterable[Alert] = (),
+    pricing: Mapping[str, Pricing] | None = None,
     now: datetime | None = None,
     step: Step | None = None,
 ) -> Report:
@@ -190,6 +193,7 @@ def build_report(
         mismatches=_mismatches(groups),
         route_mismatches=_route_mismatches(cells),
         output=output,
+        per_choice=choice_costs(source, window, pricing),
         exceptions=usage,
         denials=_denials(cells),
         pending=pending,
@@ -204,6 +208,7 @@ def build_report(
     alerts = [
         *_threshold_alerts(report, limits, now),
         *_shift_alerts(shift, limits.distribution_shift_psi),
+        *budget_alerts(source, window),
         *extra_alerts,
     ]
     elapsed = round((time.perf_counter() - started) * 1000, 1)

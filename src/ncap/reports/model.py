@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 __all__ = [
     "Alert",
+    "ChoiceCost",
     "DenialRow",
     "DistributionRow",
     "ExceptionUsage",
@@ -101,6 +102,25 @@ class OutputStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ChoiceCost:
+    """Per returned choice, on the attempts whose route revealed each choice's output
+    tokens (``output_tokens_per_choice``: the local engine, emulated branches); rows
+    with only a total are not in it. ``cost_per_choice_micros`` is the attempts' cost
+    over their choices (a shared prefill split evenly); ``output_cost_p95_micros`` the
+    output price of the p95 choice, when the route's price is known."""
+
+    route_id: str | None
+    attempts: int
+    choices: int
+    tokens_mean: float | None
+    tokens_p50: int | None
+    tokens_p95: int | None
+    tokens_max: int | None
+    cost_per_choice_micros: float | None
+    output_cost_p95_micros: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExceptionUsage:
     id: str
     workload: str | None
@@ -178,6 +198,7 @@ class Report:
     mismatches: list[MismatchRow]
     route_mismatches: list[RouteMismatch]
     output: list[OutputStats]
+    per_choice: list[ChoiceCost]
     exceptions: list[ExceptionUsage]
     denials: list[DenialRow]
     pending: list[PendingRow]

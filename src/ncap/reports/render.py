@@ -138,6 +138,23 @@ def _candidates(r: Report) -> list[Table]:
             ],
         ),
         _table(
+            "cost per choice (routes that reveal each choice's output tokens)",
+            ["route", "attempts", "choices", "tokens mean", "p50", "p95", "max", "cost / choice"],
+            [
+                [
+                    c.route_id or "–",
+                    _n(c.attempts),
+                    _n(c.choices),
+                    _n(c.tokens_mean),
+                    _n(c.tokens_p50),
+                    _n(c.tokens_p95),
+                    _n(c.tokens_max),
+                    _n(c.cost_per_choice_micros) + " µ$",
+                ]
+                for c in r.per_choice
+            ],
+        ),
+        _table(
             "denials by reason",
             ["reason", "workload", "requests"],
             [[d.reason, d.workload_id, _n(d.requests)] for d in r.denials],

@@ -30,11 +30,13 @@ from ncap.stores.base import (
     DuplicateAttempt,
     Hold,
     HoldState,
+    IdempotencyStore,
     ImportResult,
     LedgerStore,
     SpentTotal,
     hold_id_for,
 )
+from ncap.stores.idempotency import idempotency_for
 from ncap.stores.instances import (
     Identity,
     InstanceRegistry,
@@ -56,6 +58,7 @@ __all__ = [
     "DuplicateAttempt",
     "Hold",
     "HoldState",
+    "IdempotencyStore",
     "Identity",
     "ImportResult",
     "InstanceRegistry",
@@ -70,6 +73,7 @@ __all__ = [
     "budgets_from_url",
     "history_of",
     "hold_id_for",
+    "idempotency_for",
     "instances_for",
     "ledger_from_url",
     "migrate_stores",

@@ -176,6 +176,16 @@ def build_usage(keys: Mapping[str, Key], read: Callable[[Key], int], in_flight: 
     return Usage(in_flight=in_flight, **{name: read(key) for name, key in keys.items()})
 
 
+def encode_per_choice(tokens: tuple[int, ...] | list[int] | None) -> str | None:
+    """``output_tokens_per_choice`` as stored: decimal counts joined by commas, in
+    choice index order (no JSON: any SQL engine can read it with string functions)."""
+    return None if tokens is None else ",".join(str(int(t)) for t in tokens)
+
+
+def decode_per_choice(text: str | None) -> tuple[int, ...] | None:
+    return None if text is None or text == "" else tuple(int(t) for t in text.split(","))
+
+
 def hold_ref(hold: Hold | str) -> str:
     return hold if isinstance(hold, str) else hold.hold_id
 

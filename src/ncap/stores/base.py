@@ -32,6 +32,7 @@ __all__ = [
     "DuplicateAttempt",
     "Hold",
     "HoldState",
+    "IdempotencyStore",
     "ImportResult",
     "LedgerStore",
     "SpentTotal",
@@ -152,6 +153,24 @@ class BudgetHistory(Protocol):
         """Settled and reconciled spend per minute: at or after ``since`` (the start of
         the month), and of any age for exceptions; refused attempts (released holds,
         ``usage_source=none``) excluded."""
+        ...
+
+
+class IdempotencyStore(Protocol):
+    """Client ``Idempotency-Key`` records, kept beside the budgets so every replica that
+    shares the budgets shares them (Redis: ``SET NX`` with an expiry). A record is an
+    opaque byte string that expires ``ttl_s`` after it was last written."""
+
+    async def claim(self, key: str, record: bytes, ttl_s: float) -> bytes | None:
+        """Store ``record`` unless ``key`` holds an unexpired one: None when stored,
+        else the record already there (atomic across replicas)."""
+        ...
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def swap(self, key: str, expected: bytes, record: bytes | None, ttl_s: float) -> bool:
+        """If ``key`` still holds ``expected``, replace it by ``record`` (None deletes);
+        False when another record is there (or none)."""
         ...
 
 

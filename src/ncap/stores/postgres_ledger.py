@@ -29,7 +29,12 @@ import asyncpg
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.errors import StoreUnavailable
-from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._common import (
+    apply_import,
+    check_update_fields,
+    decode_per_choice,
+    encode_per_choice,
+)
 from ncap.stores._postgres import PostgresPool, mapped
 from ncap.stores.base import DuplicateAttempt, ImportResult
 
@@ -60,6 +65,7 @@ _TYPES: dict[str, str] = {
     "denied_limit": "int8",
     "denied_amount": "int8",
     "upstream_status": "int4",
+    "client_retry_count": "int4",
 }
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
 _SELECT = f"SELECT {_COLUMNS} FROM ledger_events"
@@ -286,6 +292,8 @@ def _unavailable(exc: BaseException) -> StoreUnavailable:
 def _encode(name: str, value: Any) -> Any:
     if name == "finish_reasons":
         return json.dumps(value, sort_keys=True)
+    if name == "output_tokens_per_choice":
+        return encode_per_choice(value)
     if name == "timestamp" and value.tzinfo is None:
         raise ValueError("ledger timestamps must be timezone-aware")
     return value
@@ -294,6 +302,7 @@ def _encode(name: str, value: Any) -> Any:
 def _decode(row: asyncpg.Record) -> LedgerEvent:
     values = dict(row.items())
     values["finish_reasons"] = json.loads(values["finish_reasons"])
+    values["output_tokens_per_choice"] = decode_per_choice(values["output_tokens_per_choice"])
     return LedgerEvent(**values)
 
 

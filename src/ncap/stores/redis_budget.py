@@ -13,7 +13,7 @@ raises the precise error with its retry hint. Time is Redis's (``TIME``), never 
 gateway's clock, so replicas with skewed clocks share the same minute; tests may pass
 a clock or an explicit ``now``. Window keys expire on their own; all of a workload's
 keys share one hash tag (``ncap:b1:{workload}:…``), so the store is Redis Cluster
-ready. Driver errors become ``StoreUnavailable`` in one place (``_mapped``).
+ready. Driver errors become ``StoreUnavailable`` in one place (``mapped_redis``).
 
 URL: ``redis://host:6379/0?prefix=ncap`` (``rediss://`` for TLS); ``prefix`` namespaces
 the keys (tests use one per test).
@@ -40,7 +40,7 @@ from ncap.errors import StoreUnavailable
 from ncap.stores._common import hold_ref
 from ncap.stores.base import Hold
 
-__all__ = ["SCRIPT_VERSION", "RedisBudgetStore", "redis_target"]
+__all__ = ["SCRIPT_VERSION", "RedisBudgetStore", "mapped_redis", "redis_target"]
 
 SCRIPT_VERSION = "budgets_v1"
 KEY_SCHEMA = "b1"
@@ -59,7 +59,7 @@ def redis_target(url: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def _mapped() -> Iterator[None]:
+def mapped_redis() -> Iterator[None]:
     """Every redis-py failure (connection refused, timeout, loading, script error)
     becomes the one store error the gateway turns into a 503."""
     try:
@@ -120,6 +120,11 @@ class RedisBudgetStore:
         self._known: set[str] = set()
         self._orphans: set[asyncio.Task[Any]] = set()
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The connection pool, shared with the Idempotency-Key records."""
+        return self._redis
+
     # -- keys --------------------------------------------------------------------------
 
     def _base(self, workload_id: str) -> str:
@@ -129,7 +134,7 @@ class RedisBudgetStore:
         return f"{self.prefix}:{KEY_SCHEMA}:{{{tag}}}"
 
     async def _call(self, workload_id: str, *args: Any) -> Any:
-        with _mapped():
+        with mapped_redis():
             return await self._script(keys=[self._base(workload_id)], args=list(args))
 
     def _now_arg(self, now: datetime | None) -> str:
@@ -194,7 +199,7 @@ class RedisBudgetStore:
     async def _register(self, workload_id: str) -> None:
         """The set of workloads lets sweeps and reconciliation find every hold."""
         if workload_id not in self._known:
-            with _mapped():
+            with mapped_redis():
                 await self._redis.sadd(self._workloads_key, workload_id)
             self._known.add(workload_id)
 
@@ -249,7 +254,7 @@ class RedisBudgetStore:
         return False
 
     async def _workloads(self) -> list[str]:
-        with _mapped():
+        with mapped_redis():
             members = await self._redis.smembers(self._workloads_key)
         return sorted(_text(m) for m in members)
 
@@ -257,7 +262,7 @@ class RedisBudgetStore:
         workloads = [workload_id] if workload_id is not None else await self._workloads()
         holds: list[Hold] = []
         for w in workloads:
-            with _mapped():
+            with mapped_redis():
                 raw = await self._redis.hgetall(f"{self._base(w)}:h")
             holds += [_hold(_text(k), json.loads(v)) for k, v in raw.items()]
         return sorted(holds, key=lambda h: (h.created_at, h.hold_id))
@@ -275,7 +280,7 @@ class RedisBudgetStore:
         return total
 
     async def ping(self) -> None:
-        with _mapped():
+        with mapped_redis():
             await self._redis.ping()
 
     async def close(self) -> None:

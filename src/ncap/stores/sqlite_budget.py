@@ -20,7 +20,7 @@ import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ncap.config import utcnow
 from ncap.domain.budget import Buckets, Usage
@@ -40,6 +40,8 @@ from ncap.stores._sqlite import Migration, SQLiteWriter, Synchronous
 from ncap.stores.base import Hold
 
 __all__ = ["SQLiteBudgetStore"]
+
+T = TypeVar("T")
 
 MIGRATIONS: tuple[Migration, ...] = (
     (
@@ -68,6 +70,17 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX budget_holds_workload_state ON budget_holds (workload_id, state)
         """,
     ),
+    (
+        2,
+        # client Idempotency-Key records (issue 9; stores/idempotency.py)
+        """
+        CREATE TABLE idempotency_keys (
+            key TEXT PRIMARY KEY,
+            record BLOB NOT NULL,
+            expires_at REAL NOT NULL
+        )
+        """,
+    ),
 )
 
 _HOLD_COLUMNS = (
@@ -94,6 +107,11 @@ class SQLiteBudgetStore(TwoPhaseBudgets):
         self._clock = clock
         self._writer = SQLiteWriter(self.path, MIGRATIONS, synchronous=synchronous)
         self._orphans: set[asyncio.Task[Any]] = set()
+
+    async def run_in_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` in the writer's next transaction (the Idempotency-Key records share
+        the file and its atomicity)."""
+        return await self._writer.run(fn)
 
     async def _reserve(self, charge: Charge) -> Hold:
         def run(conn: sqlite3.Connection) -> Hold:

@@ -4,7 +4,8 @@
 so the row is durable and visible to any new connection; reads use their own
 connection and never wait for the writer. The schema is versioned in
 ``schema_version``; the column names are SPEC §7's, then ncap's own (``denied_by``,
-``denied_limit``, ``denied_amount``, ``upstream_status``: migration 2), which the
+``denied_limit``, ``denied_amount``, ``upstream_status``: migration 3;
+``client_retry_count``: migration 4), which the
 PostgreSQL adapter shares.
 Timestamps are stored as fixed-width UTC ISO text
 (``2026-11-29T10:15:00.000000Z``) so that text order is time order.
@@ -25,7 +26,12 @@ import msgspec
 
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
-from ncap.stores._common import apply_import, check_update_fields
+from ncap.stores._common import (
+    apply_import,
+    check_update_fields,
+    decode_per_choice,
+    encode_per_choice,
+)
 from ncap.stores._migrations import migrations
 from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
 from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
@@ -181,6 +187,8 @@ def _encode(name: str, value: Any) -> Any:
         return _json(value).decode()
     if name == "stream_mode":
         return int(bool(value))
+    if name == "output_tokens_per_choice":
+        return encode_per_choice(value)
     return value
 
 
@@ -188,7 +196,7 @@ _COLUMN_VALUES = attrgetter(*LEDGER_COLUMNS)  # one C call for the whole row
 _SPECIAL = tuple(
     (i, name)
     for i, name in enumerate(LEDGER_COLUMNS)
-    if name in ("timestamp", "finish_reasons", "stream_mode")
+    if name in ("timestamp", "finish_reasons", "stream_mode", "output_tokens_per_choice")
 )
 
 
@@ -205,6 +213,7 @@ def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
     values["timestamp"] = datetime.fromisoformat(values["timestamp"])
     values["finish_reasons"] = json.loads(values["finish_reasons"])
     values["stream_mode"] = bool(values["stream_mode"])
+    values["output_tokens_per_choice"] = decode_per_choice(values["output_tokens_per_choice"])
     return LedgerEvent(**values)
 
 

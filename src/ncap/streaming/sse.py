@@ -35,6 +35,9 @@ class StreamEvent(msgspec.Struct, frozen=True):
     summary: ResponseSummary | None
     done: bool = False
     data: bytes = b""
+    # set by a provider that knows each choice's output tokens (the local engine), on
+    # the event carrying the usage; not part of the bytes relayed
+    choice_tokens: tuple[int, ...] | None = None
 
 
 def encode_event(payload: bytes) -> bytes:

@@ -21,6 +21,9 @@ parameter; the ``x-fake-*`` header in brackets overrides it.
     slow_chunks=MS           delay between events (default 50) [x-fake-chunk-delay-ms]
     first_chunk_then_pause=MS  pause after the first event (default 1000) [x-fake-pause-ms]
     fragmented_stream=B      write events in B-byte pieces (default 7) [x-fake-fragment-bytes]
+    ignore_candidates        one choice whatever n says (a provider that ignores n)
+    refuse_candidates=MAX    n > MAX (default 1) is a 400 invalid_value on param n,
+                             "number must be at most MAX" [x-fake-max-candidates]
 
 Other headers: ``x-fake-error-code`` (replace an error's code), ``x-fake-completion-tokens``
 (exact tokens per choice before the ceiling), ``x-fake-cached-tokens``,
@@ -42,6 +45,7 @@ __all__ = [
     "ErrorReply",
     "Faults",
     "Plan",
+    "candidates_refusal",
     "error_reply",
     "parse_faults",
     "resolve_plan",
@@ -60,6 +64,7 @@ _VALUE_OF: dict[str, str] = {
     "slow_chunks": "chunk_delay_ms",
     "first_chunk_then_pause": "pause_ms",
     "fragmented_stream": "fragment_bytes",
+    "refuse_candidates": "max_candidates",
 }
 PROFILES = frozenset(
     {
@@ -74,6 +79,7 @@ PROFILES = frozenset(
         "error_500",
         "bad_gateway_html",
         "server_error_400",
+        "ignore_candidates",
     }
 )
 # header that overrides a plan field
@@ -85,6 +91,7 @@ _HEADER_OF: dict[str, str] = {
     "chunk_delay_ms": "x-fake-chunk-delay-ms",
     "pause_ms": "x-fake-pause-ms",
     "fragment_bytes": "x-fake-fragment-bytes",
+    "max_candidates": "x-fake-max-candidates",
 }
 _RATE_LIMITS = ("rate_limit", "slow_down", "rate_limit_exceeded")
 _HTML_502 = (
@@ -129,6 +136,7 @@ class Plan:
     completion_tokens: int | None = None
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    max_candidates: int = 1  # refuse_candidates: the most n accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +213,7 @@ def resolve_plan(faults: Faults, headers: Mapping[str, str], base_latency_ms: fl
         completion_tokens=_int_header(headers, "x-fake-completion-tokens"),
         cached_tokens=_int_header(headers, "x-fake-cached-tokens") or 0,
         reasoning_tokens=_int_header(headers, "x-fake-reasoning-tokens") or 0,
+        max_candidates=max(1, int(num("max_candidates", 1.0))),
     )
 
 
@@ -214,6 +223,15 @@ def _envelope_reply(error: NcapError, retry_after: str | None) -> ErrorReply:
         headers["retry-after"] = retry_after
         headers["retry-after-ms"] = str(int(float(retry_after) * 1000))
     return ErrorReply(error.status, msgspec.json.encode(error.envelope()), headers=headers)
+
+
+def candidates_refusal(n: int, plan: Plan) -> ErrorReply | None:
+    """``refuse_candidates``: n above the plan's maximum is refused the way
+    OpenAI-compatible servers that lack n do (400 on param ``n``)."""
+    if "refuse_candidates" not in plan.names or n <= plan.max_candidates:
+        return None
+    error = InvalidValue(f"'n' : number must be at most {plan.max_candidates}", param="n")
+    return _envelope_reply(error, None)
 
 
 def error_reply(plan: Plan) -> ErrorReply | None:

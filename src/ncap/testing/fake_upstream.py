@@ -39,7 +39,14 @@ from ncap.testing._fake_content import (
     digest_prompt,
     prompt_strings,
 )
-from ncap.testing._fake_faults import Faults, Plan, error_reply, parse_faults, resolve_plan
+from ncap.testing._fake_faults import (
+    Faults,
+    Plan,
+    candidates_refusal,
+    error_reply,
+    parse_faults,
+    resolve_plan,
+)
 from ncap.testing._fake_render import (
     SERIAL_MARK,
     Events,
@@ -213,6 +220,8 @@ def _count(n: int | None) -> int:
 
 
 def _returned(n: int, plan: Plan) -> int:
+    if "ignore_candidates" in plan.names:
+        return 1
     if "extra_choices" in plan.names:
         return n + 1
     if "fewer_choices" in plan.names:
@@ -464,6 +473,9 @@ class _Endpoint(Generic[_Request]):
         early = await _before_answer(request, state, plan, rid)
         if early is not None:
             return early
+        refusal = candidates_refusal(n, plan)
+        if refusal is not None:
+            return _json(refusal.status, refusal.body, rid)
         if req.stream:
             gen = self.generate(req, n, plan, str(state.serial), int(time.time()))
             mode = _usage_mode(plan, req.stream_options)

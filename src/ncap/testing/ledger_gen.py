@@ -34,10 +34,6 @@ from ncap.stores import SQLiteLedgerStore
 __all__ = ["LedgerSpec", "generate_ledger", "synthetic_config"]
 
 BATCH = 20_000
-_INSERT = (
-    f"INSERT INTO ledger_events ({', '.join(LEDGER_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in LEDGER_COLUMNS)})"
-)
 # USD per Mtok == micro-USD per token
 _PRICES = {
     "primary-chat": (0.15, 0.60, "gpt-4o-mini"),
@@ -244,13 +240,24 @@ _ROW_ORDER = (
     "reconciliation_reason",
     "gateway_instance",
     "latency_ms",
+    "output_tokens_per_choice",
+)
+
+
+# later columns (denial details, upstream status, …) are nullable: generated rows
+# leave them null
+_INSERT = (
+    f"INSERT INTO ledger_events ({', '.join(_ROW_ORDER)}) "
+    f"VALUES ({', '.join('?' for _ in _ROW_ORDER)})"
 )
 
 
 def _check_order() -> None:
-    """The generator writes positional tuples; fail loudly if the schema's columns move."""
-    if tuple(LEDGER_COLUMNS) != _ROW_ORDER:
-        raise RuntimeError("LEDGER_COLUMNS changed; update ncap.testing.ledger_gen._ROW_ORDER")
+    """The generator writes positional tuples of the columns it knows; fail loudly if
+    one of them leaves the schema."""
+    missing = set(_ROW_ORDER) - set(LEDGER_COLUMNS)
+    if missing:
+        raise RuntimeError(f"ledger columns {sorted(missing)} are gone; update ledger_gen")
 
 
 def _text(moment: datetime) -> str:
@@ -458,6 +465,7 @@ class _Base:
             f.get("reason"),
             self.instance,
             f.get("latency"),
+            f.get("per_choice"),
         )
 
     def denied(self, reason: str) -> tuple[Any, ...]:
@@ -494,12 +502,14 @@ def _attempts(rng: random.Random, base: _Base) -> Iterator[tuple[Any, ...]]:
     chain = base.profile.chain
     if chain[0] == "emulated-chat":
         for k in range(1, base.effective + 1):
+            usage = _usage(rng, base, chain[0], 1)
             yield base.row(
                 k,
                 chain[0],
                 state="settled",
-                **_usage(rng, base, chain[0], 1),
+                per_choice=str(usage["output"]),  # a branch's own usage: one choice
                 provider_request_id=f"{base.request_id}-b{k}",
+                **usage,
             )
         return
     attempt, x = 1, rng.random()
@@ -572,4 +582,13 @@ def _final(rng: random.Random, base: _Base, attempt: int, route: str) -> tuple[A
             provider_request_id=prid,
             **usage,
         )
+    if route == "local-smollm2":  # the engine reveals each choice's tokens
+        usage["per_choice"] = _split(usage["output"], base.effective)
     return base.row(attempt, route, state="settled", provider_request_id=prid, **usage)
+
+
+def _split(total: int, choices: int) -> str:
+    """Synthetic per-choice counts (no random draw, so the rest of the ledger is the same
+    as before the column existed): ``total`` over ``choices``, the first ones longer."""
+    q, r = divmod(total, choices)
+    return ",".join(str(q + (1 if i < r else 0)) for i in range(choices))

@@ -18,7 +18,7 @@ import msgspec
 
 from ncap.errors import NcapError
 from ncap.protocol.responses import ResponseSummary
-from ncap.providers.base import AttemptFailed, UpstreamResult
+from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
 from ncap.streaming.sse import StreamEvent, iter_events
 
 __all__ = ["Answer", "Fail", "ScriptedProvider", "Stream", "chat_body", "chunk", "sse"]
@@ -31,6 +31,7 @@ _summary = msgspec.json.Decoder(ResponseSummary)
 class Answer:
     body: bytes
     provider_request_id: str | None = None
+    choice_tokens: tuple[int, ...] | None = None  # what a provider like the engine knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class ScriptedProvider:
     steps: Sequence[Step]
     sent: list[Mapping[str, Any]] = field(default_factory=list)
     closed: bool = False
+    kinds: list[RequestKind] = field(default_factory=list)  # the endpoint of each attempt
 
     def _next(self, body: Mapping[str, Any]) -> Step:
         if len(self.sent) >= len(self.steps):
@@ -67,19 +69,29 @@ class ScriptedProvider:
         self.sent.append(body)
         return self.steps[len(self.sent) - 1]
 
-    async def complete(self, body: Mapping[str, Any], *, timeout: float) -> UpstreamResult:
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
+    ) -> UpstreamResult:
+        self.kinds.append(kind)
         step = self._next(body)
         if isinstance(step, Fail):
             raise step.error
         if not isinstance(step, Answer):
             raise AssertionError("a whole answer was asked for; the script has a stream")
         summary = _summary.decode(step.body)
-        return UpstreamResult(200, step.body, summary, step.provider_request_id or summary.id)
+        return UpstreamResult(
+            200,
+            step.body,
+            summary,
+            step.provider_request_id or summary.id,
+            choice_tokens=step.choice_tokens,
+        )
 
     @asynccontextmanager
     async def stream(
-        self, body: Mapping[str, Any], *, timeout: float
+        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+        self.kinds.append(kind)
         step = self._next(body)
         if isinstance(step, Fail):
             raise step.error

@@ -1,0 +1,251 @@
+"""``/admin/…``: list, create and revoke candidate-count exceptions and API keys.
+
+Admin key only, as a Bearer token (the dashboard's check, ``admin_refusal``; the
+dashboard's browser cookie is not accepted here, so no page can make a browser write
+through the admin API). Each change is written with its audit row (who, when, what)
+in one transaction of the admin store, then the in-memory ``Grants`` snapshot is
+swapped, so the next request's policy and key check see it; no restart. A key is
+shown once, in the answer that created it; only its hash is stored. Who made a
+change is the ``X-Ncap-Actor`` header (an operator's name or address), else
+``admin``.
+
+Routes: ``GET/POST /admin/exceptions``, ``DELETE /admin/exceptions/{id}``,
+``GET/POST /admin/keys``, ``DELETE /admin/keys/{id}`` (the id is the key's hash
+prefix or its label), ``GET /admin/audit``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import pydantic
+from aiohttp import web
+
+from ncap.auth import hash_key
+from ncap.config import Config, ExceptionGrant, KeyEntry
+from ncap.domain.grants import Grants, key_id
+from ncap.errors import (
+    Forbidden,
+    InvalidApiKey,
+    InvalidJSON,
+    InvalidType,
+    InvalidValue,
+    MissingParameter,
+    NotFound,
+)
+from ncap.http.dashboard import admin_refusal
+from ncap.stores.admin import AdminChange, AdminStore, DuplicateGrant
+
+__all__ = ["ADMIN_STORE", "GRANTS", "add_admin_routes"]
+
+GRANTS = web.AppKey("grants", Grants)
+ADMIN_STORE = web.AppKey("admin_store", AdminStore)
+_ADMIN_CONFIG = web.AppKey("admin_config", Config)
+_ACTOR = re.compile(r"^[\w.@+:/ -]{1,128}$")
+_MAX_BODY = 64 * 1024
+_encode = msgspec.json.Encoder().encode
+
+
+def add_admin_routes(app: web.Application, config: Config) -> None:
+    app[_ADMIN_CONFIG] = config
+    app.router.add_get("/admin/exceptions", list_exceptions)
+    app.router.add_post("/admin/exceptions", create_exception)
+    app.router.add_delete("/admin/exceptions/{id}", revoke_exception)
+    app.router.add_get("/admin/keys", list_keys)
+    app.router.add_post("/admin/keys", create_key)
+    app.router.add_delete("/admin/keys/{id}", revoke_key)
+    app.router.add_get("/admin/audit", audit)
+
+
+def _admin(request: web.Request) -> str:
+    """The actor of an admin request; 401/403 unless it carries the admin key."""
+    refused = admin_refusal(request, cookie=False)
+    if refused is not None:
+        status, message = refused
+        raise (InvalidApiKey if status == 401 else Forbidden)(message)
+    actor = request.headers.get("X-Ncap-Actor", "admin").strip()
+    if not _ACTOR.match(actor):
+        raise InvalidValue(
+            "X-Ncap-Actor must be 1-128 letters, digits or . @ + : / - _ and spaces.",
+            param="X-Ncap-Actor",
+        )
+    return actor
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=_encode(data),
+        status=status,
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.content.read(_MAX_BODY + 1)
+    if len(raw) > _MAX_BODY:
+        raise InvalidValue("The request body is too large.")
+    try:
+        body = msgspec.json.decode(raw) if raw else None
+    except msgspec.DecodeError:
+        raise InvalidJSON("The body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise InvalidType("The body must be a JSON object.")
+    return body
+
+
+def _validated(model: type[pydantic.BaseModel], body: dict[str, Any]) -> Any:
+    """The body as ``model``; the first problem as an OpenAI-shaped 400 naming it."""
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        kind = first["type"]
+        if kind == "missing":
+            raise MissingParameter(f"Missing required parameter: '{param}'.", param=param) from None
+        if kind == "extra_forbidden":
+            message = f"Unknown parameter: '{param}'."
+            raise InvalidValue(message, param=param, code="unknown_parameter") from None
+        raise InvalidValue(f"Invalid value for '{param}': {first['msg']}.", param=param) from None
+
+
+async def _record(request: web.Request, change: AdminChange) -> None:
+    """Write the change and its audit row, then swap the snapshot the policy reads."""
+    store = request.app[ADMIN_STORE]
+    try:
+        await store.record(change, datetime.now(UTC))
+    except DuplicateGrant:
+        raise InvalidValue(
+            f"The id {change.target!r} was already used; ids are not reused.", param="id"
+        ) from None
+    request.app[GRANTS].apply(await store.changes())
+
+
+# -- exceptions ---------------------------------------------------------------------------
+
+
+def _exception_view(grant: ExceptionGrant, config: Config, now: datetime) -> dict[str, Any]:
+    source = "config" if any(e.id == grant.id for e in config.exceptions) else "admin"
+    status = "expired" if grant.expires <= now else "active"
+    return {**grant.model_dump(mode="json"), "source": source, "status": status}
+
+
+async def list_exceptions(request: web.Request) -> web.Response:
+    _admin(request)
+    config, now = request.app[_ADMIN_CONFIG], datetime.now(UTC)
+    data = [_exception_view(e, config, now) for e in request.app[GRANTS].exceptions]
+    return _json({"object": "list", "data": data})
+
+
+async def create_exception(request: web.Request) -> web.Response:
+    actor = _admin(request)
+    grant: ExceptionGrant = _validated(ExceptionGrant, await _body(request))
+    config = request.app[_ADMIN_CONFIG]
+    _check_exception(grant, config, request.app[GRANTS])
+    await _record(request, AdminChange(actor, "create", "exception", grant.id, grant))
+    return _json(_exception_view(grant, config, datetime.now(UTC)), status=201)
+
+
+def _check_exception(grant: ExceptionGrant, config: Config, grants: Grants) -> None:
+    if grant.workload not in config.workloads:
+        raise InvalidValue(f"No workload {grant.workload!r} in the config.", param="workload")
+    cap = config.limits.max_candidates_absolute
+    if grant.max_candidates > cap:
+        raise InvalidValue(
+            f"max_candidates is above the global cap ({cap}, limits.max_candidates_absolute).",
+            param="max_candidates",
+        )
+    if grants.exception(grant.id) is not None:
+        raise InvalidValue(f"An exception {grant.id!r} exists.", param="id")
+
+
+async def revoke_exception(request: web.Request) -> web.Response:
+    actor = _admin(request)
+    eid = request.match_info["id"]
+    grant = request.app[GRANTS].exception(eid)
+    if grant is None:
+        raise NotFound(f"No active exception {eid!r}.", param="id")
+    await _record(request, AdminChange(actor, "revoke", "exception", eid, None))
+    return _json({"id": eid, "object": "exception", "revoked": True})
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+
+class _NewKey(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    workload: str
+    environment: str = "production"
+    label: str | None = pydantic.Field(None, min_length=1, max_length=64)
+
+
+def _key_view(entry: KeyEntry, config: Config) -> dict[str, Any]:
+    source = "config" if any(k.hash == entry.hash for k in config.keys) else "admin"
+    return {
+        "id": key_id(entry),
+        "label": entry.label,
+        "workload": entry.workload,
+        "environment": entry.environment,
+        "created": entry.created.isoformat() if entry.created else None,
+        "source": source,
+    }
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    _admin(request)
+    config = request.app[_ADMIN_CONFIG]
+    data = [_key_view(k, config) for k in request.app[GRANTS].keys]
+    return _json({"object": "list", "data": data})
+
+
+async def create_key(request: web.Request) -> web.Response:
+    actor = _admin(request)
+    new: _NewKey = _validated(_NewKey, await _body(request))
+    config, grants = request.app[_ADMIN_CONFIG], request.app[GRANTS]
+    if new.workload not in config.workloads:
+        raise InvalidValue(f"No workload {new.workload!r} in the config.", param="workload")
+    if new.label is not None and any(k.label == new.label for k in grants.keys):
+        raise InvalidValue(f"A key labelled {new.label!r} exists.", param="label")
+    key = "ncap-" + secrets.token_urlsafe(32)
+    entry = KeyEntry(
+        hash=hash_key(key),
+        workload=new.workload,
+        environment=new.environment,
+        label=new.label,
+        created=datetime.now(UTC).replace(microsecond=0),
+    )
+    await _record(request, AdminChange(actor, "create", "key", key_id(entry), entry))
+    return _json({**_key_view(entry, config), "key": key}, status=201)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    actor = _admin(request)
+    wanted = request.match_info["id"]
+    entry = request.app[GRANTS].key(wanted)
+    if entry is None:
+        raise NotFound(f"No active key {wanted!r} (give its id or label).", param="id")
+    await _record(request, AdminChange(actor, "revoke", "key", key_id(entry), None))
+    return _json({"id": key_id(entry), "object": "key", "revoked": True})
+
+
+async def audit(request: web.Request) -> web.Response:
+    _admin(request)
+    entries = await request.app[ADMIN_STORE].audit()
+    data = [
+        {
+            "seq": e.seq,
+            "at": e.at.isoformat(),
+            "actor": e.actor,
+            "action": e.action,
+            "kind": e.kind,
+            "target": e.target,
+            "detail": e.detail,
+        }
+        for e in entries
+    ]
+    return _json({"object": "list", "data": data})

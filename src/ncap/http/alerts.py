@@ -1,0 +1,203 @@
+"""Budget alerts: each configured percentage of a budget, posted once per window period
+to a webhook, and recorded where the report reads it (``budget_alerts``).
+
+Which budgets: a workload's ``usd_per_day`` (period: the UTC day), ``usd_per_month``
+(the UTC month) and an exception's ``budget_usd`` (period: its life). What counts is
+what the budget check counts: settled cost plus what is still held.
+
+When: an attempt's row is final (an ``Accounting`` observer). The hook only schedules
+a check for that workload and exception in the background; a check already running
+for them runs once more when it ends instead of piling up. The request path never
+waits for the budget read, the webhook or its retries.
+
+Once: a threshold is claimed by inserting its row (subject, scope, period,
+threshold) into the admin store, whose primary key lets one claim win, across
+restarts and across replicas sharing the ledger database. Only the winner posts.
+The post is JSON with a Slack-compatible ``text`` and the same facts under ``ncap``;
+it is retried ``retries`` times with exponential backoff on a connection error, a
+timeout, a 429 or a 5xx, then given up (logged; the row stays ``delivered = 0``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from ncap.config import BudgetAlerts, Config
+from ncap.domain.budget import Buckets, BudgetWindows, Usage
+from ncap.domain.grants import Grants
+from ncap.lifecycle import Attempt, Plan
+from ncap.stores.admin import AdminStore, BudgetAlertRow
+from ncap.stores.base import BudgetStore
+
+__all__ = ["BudgetAlerter", "alert_text"]
+
+log = logging.getLogger("ncap.alerts")
+Subject = tuple[str, str | None]  # (workload, exception id)
+
+
+class BudgetAlerter:
+    def __init__(
+        self,
+        config: Config,
+        grants: Grants,
+        budgets: BudgetStore,
+        store: AdminStore,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._config = config
+        self._settings: BudgetAlerts = config.alerts
+        self._grants = grants
+        self._budgets = budgets
+        self._store = store
+        self._clock = clock
+        self._running: dict[Subject, asyncio.Task[None]] = {}
+        self._again: set[Subject] = set()
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._settings.webhook_url is not None and bool(self._settings.thresholds)
+
+    # -- the lifecycle's hook ----------------------------------------------------------------
+
+    def attempt_closed(
+        self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
+    ) -> None:
+        if attempt is None:
+            return  # a denial spent nothing
+        subject = (plan.caller.workload_id, plan.decision.exception_id)
+        if subject in self._running:
+            self._again.add(subject)
+            return
+        self._running[subject] = asyncio.create_task(self._checks(subject))
+
+    async def _checks(self, subject: Subject) -> None:
+        try:
+            while True:
+                self._again.discard(subject)
+                try:
+                    await self.check(*subject)
+                except Exception as exc:  # an alert must never take the gateway down
+                    log.error("budget alert check failed: %s", type(exc).__name__)
+                if subject not in self._again:
+                    return
+        finally:
+            self._running.pop(subject, None)
+
+    # -- one check ---------------------------------------------------------------------------
+
+    async def check(self, workload_id: str, exception_id: str | None) -> list[BudgetAlertRow]:
+        """Claim and post every threshold crossed now; returns the ones this call fired."""
+        now = self._clock()
+        usage = await self._budgets.usage(workload_id, exception_id=exception_id, now=now)
+        fired = []
+        for row in self._crossed(workload_id, exception_id, usage, now):
+            if await self._store.claim_alert(row):
+                fired.append(row)
+                if await self._post(row):
+                    await self._store.mark_delivered(row)
+        return fired
+
+    def _crossed(
+        self, workload_id: str, exception_id: str | None, usage: Usage, now: datetime
+    ) -> list[BudgetAlertRow]:
+        workload = self._config.workloads.get(workload_id)
+        if workload is None:
+            return []
+        grant = self._grants.exception(exception_id)
+        windows = BudgetWindows.for_workload(workload, grant)
+        buckets = Buckets.at(now)
+        budgets = {
+            "day": (workload_id, buckets.day, usage.cost_day, windows.usd_per_day_micros),
+            "month": (workload_id, buckets.month, usage.cost_month, windows.usd_per_month_micros),
+            "exception": (
+                exception_id or "",
+                "life",
+                usage.cost_exception,
+                windows.exception_budget_micros,
+            ),
+        }
+        rows = []
+        for scope in self._settings.scopes:
+            subject, period, spent, limit = budgets[scope]
+            if not limit or not subject:
+                continue
+            for pct in self._settings.thresholds:
+                if spent * 100 >= pct * limit:
+                    rows.append(BudgetAlertRow(subject, scope, period, pct, now, spent, limit))
+        return rows
+
+    # -- the webhook -------------------------------------------------------------------------
+
+    async def _post(self, row: BudgetAlertRow) -> bool:
+        settings, url = self._settings, self._settings.webhook_url
+        if url is None:
+            return False
+        payload = {"text": alert_text(row), "ncap": _facts(row)}
+        timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
+        for attempt in range(settings.retries + 1):
+            if attempt:
+                await asyncio.sleep(settings.backoff_s * 2 ** (attempt - 1))
+            try:
+                async with self._client().post(url, json=payload, timeout=timeout) as reply:
+                    if reply.status < 300:
+                        return True
+                    if reply.status != 429 and reply.status < 500:
+                        break  # the receiver refused this payload: retrying will not help
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+        log.warning(
+            "budget alert not delivered: %s %s %s%%", row.scope, row.period, row.threshold_pct
+        )
+        return False
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def drain(self, grace_s: float = 5.0) -> None:
+        """At shutdown: let running checks finish for a moment, then stop them."""
+        tasks = list(self._running.values())
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+
+def _facts(row: BudgetAlertRow) -> dict[str, Any]:
+    return {
+        "subject": row.subject,
+        "kind": "exception" if row.scope == "exception" else "workload",
+        "window": row.scope,
+        "period": row.period,
+        "threshold_pct": row.threshold_pct,
+        "spent_usd": row.spent_micros / 1e6,
+        "budget_usd": row.limit_micros / 1e6,
+        "fired_at": row.fired_at.isoformat(),
+    }
+
+
+def alert_text(row: BudgetAlertRow) -> str:
+    """One line for a chat channel (Slack, Mattermost and Teams read ``text``)."""
+    what = (
+        f"exception {row.subject} has used"
+        if row.scope == "exception"
+        else f"workload {row.subject} has used"
+    )
+    window = {"day": f"its day budget ({row.period})", "month": f"its month budget ({row.period})"}
+    budget = window.get(row.scope, "its lifetime budget")
+    return (
+        f"ncap: {what} {row.threshold_pct}% of {budget}: "
+        f"USD {row.spent_micros / 1e6:.2f} of {row.limit_micros / 1e6:.2f}"
+    )

@@ -1,0 +1,110 @@
+"""ncap's own OpenAPI 3.1 description, generated from the wire structs the validator uses.
+
+The request schema is ``msgspec.json.schema_components`` over the same
+``ChatCompletionRequest`` that ``protocol.validate`` converts bodies into, and the
+answers are the same response structs the gateway encodes, so the published contract
+cannot drift from what is enforced. A new endpoint is one ``Operation`` in
+``OPERATIONS`` (e.g. the legacy ``/v1/completions`` over ``CompletionRequest``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from ncap import __version__
+from ncap.protocol.chat import ChatCompletionRequest
+from ncap.protocol.responses import ChatCompletion, ErrorEnvelope
+
+__all__ = ["OPERATIONS", "Operation", "add_openapi_route", "openapi_document"]
+
+_REF = "#/components/schemas/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One endpoint: its path, method, request struct (None: no body) and 200 struct."""
+
+    path: str
+    method: str
+    summary: str
+    request: type[Any] | None = None
+    response: type[Any] | None = None
+    stream: bool = False
+    auth: bool = True
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "/v1/chat/completions",
+        "post",
+        "Create a chat completion (n candidates, budgets enforced).",
+        request=ChatCompletionRequest,
+        response=ChatCompletion,
+        stream=True,
+    ),
+    Operation("/v1/models", "get", "List the model aliases this key may use."),
+    Operation("/healthz", "get", "Liveness.", auth=False),
+    Operation("/readyz", "get", "Readiness (stores reachable).", auth=False),
+)
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    """The whole document; cached (it depends only on the code)."""
+    structs = [ErrorEnvelope]
+    structs += [t for op in OPERATIONS for t in (op.request, op.response) if t is not None]
+    _, components = msgspec.json.schema_components(structs, ref_template=_REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ncap", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _ref(struct: type[Any]) -> dict[str, str]:
+    return {"$ref": _REF.format(name=struct.__name__)}
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    error = {"application/json": {"schema": _ref(ErrorEnvelope)}}
+    ok: dict[str, Any] = {"application/json": {"schema": _ref(op.response) if op.response else {}}}
+    if op.stream:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    out: dict[str, Any] = {
+        "summary": op.summary,
+        "operationId": op.method + op.path.replace("/", "_").replace(".", "_"),
+        "responses": {
+            "200": {"description": "OK", "content": ok},
+            "default": {"description": "An OpenAI-shaped error.", "content": error},
+        },
+    }
+    if op.auth:
+        out["security"] = [{"bearer": []}]
+    if op.request is not None:
+        out["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(op.request)}},
+        }
+    return out
+
+
+def add_openapi_route(app: web.Application) -> None:
+    """``GET /openapi.json``: public (it describes the API, it holds no data)."""
+    body = msgspec.json.encode(openapi_document())
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app.router.add_get("/openapi.json", handler)

@@ -1,0 +1,81 @@
+"""The DDL of the admin tables, in one place: kept apart from the ledger's migrations
+so that the PostgreSQL ledger and its migrations (scale-out) can adopt them as one
+step. They live in the ledger's database (same file or server), beside
+``ledger_events``; nothing else in the package writes DDL for them.
+
+admin_grants    exceptions and API keys the admin API created, and revocations (of
+                its own entries and of the config's): ``kind`` is ``exception`` or
+                ``key``; ``body`` the entry as JSON (a key: its hash, never the key),
+                null for the revocation of an entry the config defines
+admin_audit     one row per admin change: who, when, what (append-only)
+budget_alerts   one row per budget threshold crossed, per window period; the primary
+                key is what makes an alert fire once, across restarts and replicas
+"""
+
+from __future__ import annotations
+
+__all__ = ["POSTGRESQL_DDL", "SQLITE_DDL"]
+
+SQLITE_DDL = """
+CREATE TABLE IF NOT EXISTS admin_grants (
+    kind TEXT NOT NULL CHECK (kind IN ('exception', 'key')),
+    id TEXT NOT NULL,
+    body TEXT,
+    created_at TEXT NOT NULL,
+    revoked_at TEXT,
+    PRIMARY KEY (kind, id)
+);
+CREATE TABLE IF NOT EXISTS admin_audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('create', 'revoke')),
+    kind TEXT NOT NULL,
+    target TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS budget_alerts (
+    subject TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    period TEXT NOT NULL,
+    threshold_pct INTEGER NOT NULL,
+    fired_at TEXT NOT NULL,
+    spent_micros INTEGER NOT NULL,
+    limit_micros INTEGER NOT NULL,
+    delivered INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (subject, scope, period, threshold_pct)
+);
+"""
+
+# The same tables for the PostgreSQL ledger (not wired in this build: the PostgreSQL
+# ledger's migrations should run this as one migration).
+POSTGRESQL_DDL = """
+CREATE TABLE IF NOT EXISTS admin_grants (
+    kind TEXT NOT NULL CHECK (kind IN ('exception', 'key')),
+    id TEXT NOT NULL,
+    body TEXT,
+    created_at TIMESTAMPTZ NOT NULL,
+    revoked_at TIMESTAMPTZ,
+    PRIMARY KEY (kind, id)
+);
+CREATE TABLE IF NOT EXISTS admin_audit (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at TIMESTAMPTZ NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('create', 'revoke')),
+    kind TEXT NOT NULL,
+    target TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS budget_alerts (
+    subject TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    period TEXT NOT NULL,
+    threshold_pct INTEGER NOT NULL,
+    fired_at TIMESTAMPTZ NOT NULL,
+    spent_micros BIGINT NOT NULL,
+    limit_micros BIGINT NOT NULL,
+    delivered INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (subject, scope, period, threshold_pct)
+);
+"""

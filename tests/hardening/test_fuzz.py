@@ -1,0 +1,165 @@
+"""schemathesis over ncap's own ``/openapi.json`` and a Hypothesis fuzz of bodies and
+headers, against the running gateway in front of the fake upstream.
+
+Whatever arrives: no 5xx, every non-2xx answer is OpenAI's error envelope, no request
+hangs (each has a 10 s client timeout). ``NCAP_FUZZ_SCALE`` multiplies every
+``max_examples`` (``make fuzz`` runs a longer pass); the cases actually sent are counted
+and the last test checks (and prints) the total.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis.generation.modes import GenerationMode
+
+from ncap.http.openapi import openapi_document
+from tests.hardening.conftest import CLIENT_KEY, MODEL
+from tests.support import ServerThread
+
+SCALE = float(os.environ.get("NCAP_FUZZ_SCALE", "1"))
+MIN_CASES = int(10_000 * SCALE)
+COUNTS: Counter[str] = Counter()  # per-module tally, read by the last test
+
+schema = schemathesis.openapi.from_dict(openapi_document())
+
+
+def _examples(n: int) -> int:
+    return max(1, int(n * SCALE))
+
+
+def check_answer(status: int, content_type: str, body: bytes) -> None:
+    """The invariant every case must hold."""
+    assert status < 500, body[:300]
+    if status >= 400:
+        assert content_type.startswith("application/json"), (status, content_type)
+        error = json.loads(body)["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"]
+        assert isinstance(error["type"], str)
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[requests.Session]:
+    with requests.Session() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(hgw: ServerThread) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=hgw.url, timeout=10) as c:
+        yield c
+
+
+@schema.parametrize()
+@settings(
+    max_examples=_examples(1000),  # + schemathesis's own coverage phase (~3,000 cases)
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+)
+def test_schemathesis(case: Any, hgw: ServerThread, session: requests.Session) -> None:
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    positive = case.meta.generation.mode is GenerationMode.POSITIVE
+    # half of the positive cases reach the route (a random model is a 404)
+    reroute = isinstance(case.body, dict) and "model" in case.body
+    if positive and reroute and len(json.dumps(case.body, default=str)) % 2:
+        case.body["model"] = MODEL
+    response = case.call(base_url=hgw.url, session=session, headers=headers, timeout=10)
+    COUNTS["schemathesis"] += 1
+    COUNTS[f"schemathesis {case.meta.generation.mode.value}"] += 1
+    content_type = (response.headers.get("content-type") or [""])[0]
+    check_answer(response.status_code, content_type, response.content)
+    is_chat = case.operation.path == "/v1/chat/completions"
+    if is_chat and case.meta.generation.mode is GenerationMode.NEGATIVE and case.body is not None:
+        # a body outside the published schema is refused (the schema is not looser)
+        assert response.status_code >= 400, case.body
+
+
+_scalar = (
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=12)
+)
+_json = st.recursive(
+    _scalar,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_FIELDS = [*openapi_document()["components"]["schemas"]["ChatCompletionRequest"]["properties"]]
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool", "developer", "x"])},
+    optional={"content": _json, "name": _json, "tool_calls": _json, "tool_call_id": _json},
+)
+_body = st.fixed_dictionaries(
+    {"model": st.just(MODEL) | _json, "messages": st.lists(_message, max_size=3) | _json},
+    optional={f: _json for f in _FIELDS if f not in ("model", "messages")},
+)
+_token = st.text(
+    alphabet="!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    min_size=1,
+    max_size=20,
+)
+_value = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=60)
+_auth = st.sampled_from(
+    [None, f"Bearer {CLIENT_KEY}", "Bearer", "Bearer ", "Basic abc", f"bearer  {CLIENT_KEY} ", "x"]
+) | _value.map(lambda v: "Bearer " + v)
+
+
+@settings(max_examples=_examples(1000), deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_body, stream=st.booleans())
+def test_fuzz_bodies(client: httpx.Client, body: dict[str, Any], stream: bool) -> None:
+    if stream:
+        body["stream"] = True
+    raw = json.dumps(body, allow_nan=True).encode()
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
+    r = client.post("/v1/chat/completions", content=raw, headers=headers)
+    COUNTS["bodies"] += 1
+    check_answer(r.status_code, r.headers.get("content-type", ""), r.content)
+
+
+@settings(max_examples=_examples(6000), deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    auth=_auth,
+    extra=st.dictionaries(_token, _value, max_size=5),
+    content_type=st.none() | _value | st.just("application/json"),
+    path=st.sampled_from(["/v1/chat/completions", "/v1/models", "/v1/chat/completions/"]),
+)
+def test_fuzz_headers(
+    client: httpx.Client,
+    auth: str | None,
+    extra: dict[str, str],
+    content_type: str | None,
+    path: str,
+) -> None:
+    # well-formed header syntax only (h11 refuses the rest; raw bytes: test_malformed_http)
+    skip = ("content-length", "transfer-encoding", "host", "connection", "expect")
+    headers = {k: v.strip() for k, v in extra.items() if k.lower() not in skip}
+    if auth is not None:
+        headers["Authorization"] = auth.strip()
+    if content_type is not None:
+        headers["content-type"] = content_type.strip()
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    method = "GET" if path == "/v1/models" else "POST"
+    r = client.request(method, path, content=body if method == "POST" else None, headers=headers)
+    COUNTS["headers"] += 1
+    check_answer(r.status_code, r.headers.get("content-type", ""), r.content)
+
+
+def test_zz_case_count() -> None:
+    """Runs last in this module: the total cases sent by the suites above."""
+    total = sum(v for k, v in COUNTS.items() if k in ("schemathesis", "bodies", "headers"))
+    print(f"\nfuzz cases: {total} {dict(COUNTS)}")
+    if total == 0:
+        pytest.skip("run with the fuzz suites")
+    assert total >= MIN_CASES, dict(COUNTS)
