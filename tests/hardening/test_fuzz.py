@@ -153,7 +153,22 @@ def test_fuzz_headers(
     method = "GET" if path == "/v1/models" else "POST"
     r = client.request(method, path, content=body if method == "POST" else None, headers=headers)
     COUNTS["headers"] += 1
+    if _refused_by_http_parser(r):
+        return
     check_answer(r.status_code, r.headers.get("content-type", ""), r.content)
+
+
+def _refused_by_http_parser(r: httpx.Response) -> bool:
+    """aiohttp's HTTP parser refuses some header bytes h11 sends before any request
+    exists: a plain-text 400 that closes the connection (one log line, no traceback:
+    tests/hardening/test_malformed_http.py). Not an application answer, so no envelope;
+    anything else must hold the invariant. Known limitation, docs/reliability.md."""
+    return (
+        r.status_code == 400
+        and r.headers.get("content-type", "").startswith("text/plain")
+        and r.headers.get("connection", "").lower() == "close"
+        and r.content.startswith(b"400")
+    )
 
 
 def test_zz_case_count() -> None:
