@@ -387,6 +387,19 @@ def _admin_store(config: Config) -> AdminStore:
     return admin_store_for_ledger(url, path)
 
 
+def _add_routes(app: web.Application, config: Config) -> None:
+    """Every endpoint of SPEC §3, the dashboard, the admin API and the OpenAPI document."""
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    add_dashboard_routes(app, config)
+    add_admin_routes(app, config)
+    add_openapi_route(app)
+
+
 def create_app(
     config: Config, *, instance_id: str | None = None, tracer_provider: Any = None
 ) -> web.Application:
@@ -443,15 +456,7 @@ def create_app(
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     background = app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    add_dashboard_routes(app, config)
-    add_admin_routes(app, config)
-    add_openapi_route(app)
+    _add_routes(app, config)
 
     async def lifecycle(app: web.Application) -> Any:
         # recovery that knows its peers (issue 9): only dead instances' rows are lost
