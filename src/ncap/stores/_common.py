@@ -70,6 +70,8 @@ class TwoPhaseBudgets:
         )
 
     async def _reserve(self, charge: Charge) -> Hold:
+        """The store's own atomic admit-and-hold (memory: under its lock; SQLite: in one
+        immediate transaction); each store that builds on this class defines it."""
         raise NotImplementedError
 
 
