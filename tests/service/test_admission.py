@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ncap.admission import Admission
+from ncap.admission import PEAK_WINDOW_S, Admission
 from ncap.config import Ramp
 from ncap.errors import Overloaded, SlowDown
 
@@ -35,8 +35,23 @@ def test_ramp_allows_burst_from_idle_then_growth_per_second() -> None:
     assert admit(gate, 500) == 150  # previous second + 50
     clock.now += 1
     assert admit(gate, 500) == 200
-    clock.now += 5  # idle seconds: back to the burst allowance
+    clock.now += PEAK_WINDOW_S + 1  # idle past the window: back to the burst allowance
     assert admit(gate, 500) == 100
+
+
+def test_a_dip_is_not_growth_the_recent_peak_is_the_reference() -> None:
+    """Steady traffic that wobbles (a slow second, then the usual rate) is never
+    slowed: the allowance is the busiest recent second's count plus the growth."""
+    clock = Clock()
+    gate = Admission(10_000, Ramp(requests_per_second=10, burst=100), clock)
+    for want in (100, 110, 120):  # ramped up to 120 a second
+        assert admit(gate, want) == want
+        clock.now += 1
+    assert admit(gate, 60) == 60  # a slow second
+    clock.now += 1
+    assert admit(gate, 500) == 130  # back to the usual rate at once (peak 120 + 10)
+    clock.now += PEAK_WINDOW_S - 1  # 120 and 130 are still within the window
+    assert admit(gate, 500) == 140
 
 
 def test_steady_traffic_above_the_growth_step_is_never_slowed() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from datetime import UTC, datetime
@@ -101,19 +102,51 @@ def serve(
         err.print(f"ncap: {workers} workers on http://{server.host}:{server.port}")
         raise typer.Exit(supervise(args, workers))
     _use_uvloop()
+    _lean_logging()
     if cfg.observability.access_log:
         from ncap.http.signals import log_access_to_stdout
 
         log_access_to_stdout()
     err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
+    gateway = create_app(cfg)
+    gateway.on_startup.append(_settle_the_heap)
     web.run_app(
-        create_app(cfg),
+        gateway,
         host=server.host,
         port=server.port,
         access_log=None,
         print=None,
         reuse_port=reuse_port or None,
     )
+
+
+def _lean_logging() -> None:
+    """Log records without the fields no ncap formatter prints: the thread, process
+    and multiprocessing names (``getpid`` per record) and the caller's file and line
+    (a frame walk per record; the logging module documents ``_srcfile = None`` for
+    exactly this). Every access line is a record, so this is on the hot path."""
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging._srcfile = None
+
+
+async def _settle_the_heap(_app: object) -> None:
+    """Once the stores are open and the engines warm: what start-up made lives as long
+    as the process, so it leaves the collector's view (``gc.freeze``), and the
+    youngest generation is collected less often (each request allocates a few
+    thousand short-lived objects; most die by reference count, not by the collector).
+    Measured in docs/decisions.md, issue 8 (session 3)."""
+    import gc
+
+    if os.environ.get("NCAP_GC_TUNING", "1") == "0":
+        return
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*_GC_THRESHOLDS)
+
+
+_GC_THRESHOLDS = (int(os.environ.get("NCAP_GC_GEN0", "50000")), 20, 100)
 
 
 def _use_uvloop() -> None:
