@@ -45,9 +45,14 @@ class Samples:
     ttfbs: list[float] = field(default_factory=list)
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # during the warm-up (e.g. the ramp limiter's 429 slow_down while load steps up)
+    warmup_errors: int = 0
     last_done: float = 0.0
 
-    def error(self, kind: str) -> None:
+    def error(self, kind: str, *, warming_up: bool = False) -> None:
+        if warming_up:
+            self.warmup_errors += 1
+            return
         self.errors += 1
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
@@ -69,6 +74,7 @@ class Result:
     ttfb_p50_ms: float | None
     ttfb_p99_ms: float | None
     error_kinds: dict[str, int]
+    warmup_errors: int = 0
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -122,10 +128,10 @@ async def _worker(
         try:
             ttfb = await _one(session, url, body, stream)
         except _BadAnswer as exc:
-            s.error(str(exc))
+            s.error(str(exc), warming_up=t0 < w.start)
             continue
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            s.error(type(exc).__name__)
+            s.error(type(exc).__name__, warming_up=t0 < w.start)
             await asyncio.sleep(0.01)  # a refused connection must not spin the core
             continue
         t1 = time.perf_counter()
@@ -188,6 +194,7 @@ def _summarise(url: str, c: int, stream: bool, secs: float, s: Samples) -> Resul
         ttfb_p50_ms=_ms(ttfb, 50),
         ttfb_p99_ms=_ms(ttfb, 99),
         error_kinds=s.error_kinds,
+        warmup_errors=s.warmup_errors,
     )
 
 

@@ -172,9 +172,9 @@ async def test_writes_of_one_loop_tick_reach_the_writer_as_one_batch(
     sizes: list[int] = []
     commit = plumbing._commit
 
-    def counting(conn: sqlite3.Connection, batch: list[Any]) -> None:
+    def counting(conn: sqlite3.Connection, batch: list[Any], **kw: Any) -> None:
         sizes.append(len(batch))
-        commit(conn, batch)
+        commit(conn, batch, **kw)
 
     monkeypatch.setattr(plumbing, "_commit", counting)
     ledger = SQLiteLedgerStore(tmp_path / "l.db")

@@ -249,9 +249,9 @@ async def test_concurrent_appends_share_commits(
     batches: list[int] = []
     real_commit = sqlite_plumbing._commit
 
-    def counting(conn: sqlite3.Connection, batch: list[Any]) -> None:
+    def counting(conn: sqlite3.Connection, batch: list[Any], **kw: Any) -> None:
         batches.append(len(batch))
-        real_commit(conn, batch)
+        real_commit(conn, batch, **kw)
 
     monkeypatch.setattr(sqlite_plumbing, "_commit", counting)
     store = SQLiteLedgerStore(tmp_path / "ledger.db")

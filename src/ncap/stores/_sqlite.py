@@ -16,6 +16,20 @@ as ``queue.put`` + ``asyncio.wrap_future`` would: under load a batch of 50 write
 costs the loop two cross-thread hand-offs, not 100. (So ``run`` is for one event
 loop at a time, the way a store belongs to one app.)
 
+ON THE LOOP WHEN NOTHING WAITS FOR A DISK. At ``synchronous=NORMAL`` a commit is a
+few writes into the WAL in the OS's page cache, no fsync: tens of microseconds, less
+than the two cross-thread hand-offs (a futex wake-up each way, and the wait for the
+GIL behind a busy loop) it would otherwise cost. So at ``NORMAL`` (``inline``) the
+batch of a tick is committed on the event loop's thread itself, on a connection of
+its own that never waits for a lock (``busy_timeout = 0``) and never checkpoints. The
+writer thread stays, for what may wait: a batch that met a lock another process
+holds (the CLI, a second gateway on the same file) goes to it and waits there with
+the usual busy timeout, and every later batch follows it through the thread until it
+is done, so the order of commits never changes; and it checkpoints the WAL once a
+second when idle (``PASSIVE``: it never blocks the writer), the fsync of a checkpoint
+staying off the loop. At ``FULL`` every batch goes through the thread (its commit
+fsyncs).
+
 Durability: WAL with ``synchronous=FULL`` fsyncs the WAL at every commit, so an
 acknowledged write survives power loss; ``NORMAL`` (the ledger's default, see
 ``stores.ledger_durability``) writes the WAL to the OS at every commit without an
@@ -30,6 +44,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +58,7 @@ Synchronous = Literal["FULL", "NORMAL"]
 Migration = tuple[int, str]
 
 BUSY_TIMEOUT_MS = 10_000
+CHECKPOINT_EVERY_S = 1.0  # the writer thread's PASSIVE checkpoint of an inline WAL
 _STOP = object()
 
 
@@ -110,9 +126,14 @@ class SQLiteWriter:
         *,
         synchronous: Synchronous = "FULL",
         max_batch: int = 512,
+        inline: bool | None = None,
     ) -> None:
         self.path = path
         self._max_batch = max_batch
+        # commit on the loop (see the module docstring); by default at NORMAL only
+        self.inline = synchronous == "NORMAL" if inline is None else inline
+        self._fast: sqlite3.Connection | None = None  # the loop's own connection
+        self._in_thread = 0  # batches handed to the thread and not yet back
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: list[_Job] = []  # queued in this loop tick, not yet handed over
         # the loop a hand-over is scheduled on (a loop that died first is replaced)
@@ -146,11 +167,45 @@ class SQLiteWriter:
         return result
 
     def _hand_over(self) -> None:
-        """Give the writer everything queued in this loop tick, in one put."""
+        """Commit everything queued in this loop tick: here when inline and nothing is
+        still in the thread, else in the writer thread, in one put."""
         self._scheduled_on = None
-        if self._pending:
-            batch, self._pending = self._pending, []
-            self._queue.put(batch)
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        if self.inline and not self._in_thread and not self._closed:
+            live = [job for job in batch if not job.future.cancelled()]
+            if not live or self._commit_here(live):
+                return
+        self._in_thread += 1
+        self._queue.put(batch)
+
+    def _commit_here(self, batch: list[_Job]) -> bool:
+        """Commit ``batch`` on this thread; False (nothing done) when another
+        connection holds the write lock: the batch must wait, in the thread."""
+        if self._fast is None:
+            self._fast = connect(self.path, synchronous="NORMAL")
+            self._fast.execute("PRAGMA busy_timeout = 0")
+            self._fast.execute("PRAGMA wal_autocheckpoint = 0")  # the thread's job
+        try:
+            self._fast.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                return False
+            raise
+        try:
+            _commit(self._fast, batch, begun=True)
+        except BaseException as exc:  # _commit stores failures; anything else must
+            _rollback(self._fast)  # still reach every caller, never leave one waiting
+            for job in batch:
+                job.outcome = (False, exc)
+        _resolve_all(batch)
+        return True
+
+    def _back_from_thread(self, jobs: list[_Job], counted: bool) -> None:
+        if counted:
+            self._in_thread -= 1
+        _resolve_all(jobs)
 
     async def close(self) -> None:
         if self._closed:
@@ -159,6 +214,9 @@ class SQLiteWriter:
         self._hand_over()
         self._queue.put(_STOP)
         await asyncio.to_thread(self._thread.join)
+        if self._fast is not None:
+            self._fast.close()
+            self._fast = None
 
     def _main(self, migrations: Sequence[Migration], synchronous: Synchronous) -> None:
         try:
@@ -175,9 +233,10 @@ class SQLiteWriter:
             conn.close()
 
     def _serve_batch(self, conn: sqlite3.Connection) -> bool:
-        """Commit one batch; False once the stop marker has been seen."""
+        """Commit one batch; False once the stop marker has been seen. Idle for a
+        second with inline commits: checkpoint the WAL they left."""
         batch: list[_Job] = []
-        item = self._queue.get()
+        item = self._next(conn)
         while item is not _STOP:
             batch.extend(item)
             if len(batch) >= self._max_batch or self._queue.empty():
@@ -188,14 +247,49 @@ class SQLiteWriter:
         live = [job for job in batch if not job.future.cancelled()]
         if live:
             _commit(conn, live)
-            _hand_back(live)
+        if batch:
+            self._hand_back(batch, live)
         return item is not _STOP
 
+    def _next(self, conn: sqlite3.Connection) -> Any:
+        if not self.inline:
+            return self._queue.get()
+        last = time.monotonic()
+        while True:
+            try:
+                return self._queue.get(timeout=CHECKPOINT_EVERY_S)
+            except queue.Empty:
+                pass
+            if time.monotonic() - last >= CHECKPOINT_EVERY_S:
+                with contextlib.suppress(sqlite3.Error):  # busy: the next second's turn
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                last = time.monotonic()
 
-def _commit(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+    def _hand_back(self, batch: list[_Job], live: list[_Job]) -> None:
+        """Resolve the batch's futures with one wake-up of each event loop involved,
+        and tell the loop the batch is out of the thread (its ``_in_thread``)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        for job in batch:
+            by_loop.setdefault(job.loop, [])
+        for job in live:
+            by_loop[job.loop].append(job)
+        for i, (loop, jobs) in enumerate(by_loop.items()):
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._back_from_thread, jobs, i == 0)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _commit(conn: sqlite3.Connection, batch: list[_Job], *, begun: bool = False) -> None:
     """Run and commit the batch, storing each job's outcome on it."""
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        if not begun:
+            conn.execute("BEGIN IMMEDIATE")
         for job in batch:
             job.outcome = _run_one(conn, job)
         conn.execute("COMMIT")
@@ -203,16 +297,6 @@ def _commit(conn: sqlite3.Connection, batch: list[_Job]) -> None:
         for job in batch:
             job.outcome = (False, exc)
         _rollback(conn)
-
-
-def _hand_back(batch: list[_Job]) -> None:
-    """Resolve the batch's futures with one wake-up of each event loop involved."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
-    for job in batch:
-        by_loop.setdefault(job.loop, []).append(job)
-    for loop, jobs in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-            loop.call_soon_threadsafe(_resolve_all, jobs)
 
 
 def _resolve_all(jobs: list[_Job]) -> None:

@@ -1,0 +1,109 @@
+"""The SQLite writer's inline commits (``synchronous=NORMAL``): a tick's batch commits
+on the event loop's own thread, a batch that meets another process's write lock waits
+in the writer thread without reordering later commits, and the writer thread
+checkpoints the WAL the inline connection never checkpoints itself."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import ncap.stores._sqlite as plumbing
+from ncap.stores._sqlite import SQLiteWriter
+
+SCHEMA = [(1, "CREATE TABLE t (i INTEGER PRIMARY KEY, v TEXT NOT NULL)")]
+
+
+def _insert(i: int, v: str = "x") -> Callable[[sqlite3.Connection], int]:
+    def fn(conn: sqlite3.Connection) -> int:
+        conn.execute("INSERT INTO t (i, v) VALUES (?, ?)", (i, v))
+        return threading.get_ident()
+
+    return fn
+
+
+def _rows(path: Path) -> list[tuple[int, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT i, v FROM t ORDER BY i").fetchall()
+    finally:
+        conn.close()
+
+
+async def test_normal_commits_on_the_loop_thread_full_in_the_writer_thread(
+    tmp_path: Path,
+) -> None:
+    here = threading.get_ident()
+    normal = SQLiteWriter(tmp_path / "n.db", SCHEMA, synchronous="NORMAL")
+    full = SQLiteWriter(tmp_path / "f.db", SCHEMA, synchronous="FULL")
+    try:
+        assert normal.inline and not full.inline
+        assert await normal.run(_insert(1)) == here
+        assert await full.run(_insert(1)) != here
+    finally:
+        await normal.close()
+        await full.close()
+    # durable once awaited: another connection sees it
+    assert _rows(tmp_path / "n.db") == [(1, "x")] == _rows(tmp_path / "f.db")
+
+
+async def test_a_failing_job_fails_alone_inline(tmp_path: Path) -> None:
+    writer = SQLiteWriter(tmp_path / "n.db", SCHEMA, synchronous="NORMAL")
+    try:
+        await writer.run(_insert(1))
+        results = await asyncio.gather(
+            writer.run(_insert(2)), writer.run(_insert(1)), return_exceptions=True
+        )
+    finally:
+        await writer.close()
+    assert isinstance(results[1], sqlite3.IntegrityError)
+    assert _rows(tmp_path / "n.db") == [(1, "x"), (2, "x")]
+
+
+async def test_a_locked_file_waits_in_the_thread_and_keeps_the_order(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await writer.run(_insert(1))
+        other.execute("BEGIN IMMEDIATE")  # another process's write transaction
+        first = asyncio.ensure_future(writer.run(_insert(2, "first")))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(writer.run(_insert(3, "second")))
+        await asyncio.sleep(0.2)
+        assert not first.done() and not second.done()  # waiting, not failed
+        other.execute("UPDATE t SET v = 'other' WHERE i = 1")
+        other.execute("COMMIT")
+        ids = await asyncio.gather(first, second)
+        assert all(i != threading.get_ident() for i in ids)  # both went through the thread
+        assert await writer.run(_insert(4)) == threading.get_ident()  # then inline again
+    finally:
+        other.close()
+        await writer.close()
+    assert _rows(path) == [(1, "other"), (2, "first"), (3, "second"), (4, "x")]
+
+
+async def test_the_writer_thread_checkpoints_what_inline_commits_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plumbing, "CHECKPOINT_EVERY_S", 0.1)
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    try:
+        await asyncio.gather(*(writer.run(_insert(i)) for i in range(1, 101)))
+        copy = tmp_path / "main-file-only.db"
+        shutil.copy(path, copy)  # the main file alone, without its -wal
+        # the inline connection never checkpoints: not even the table is in the file
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            _rows(copy)
+        await asyncio.sleep(0.6)
+        shutil.copy(path, copy)
+        assert len(_rows(copy)) == 100
+    finally:
+        await writer.close()
