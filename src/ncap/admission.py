@@ -5,13 +5,14 @@ Two cheap gates:
 - an in-flight ceiling: past ``max_in_flight``, 503 ``server_is_overloaded``;
 - a ramp limiter: the number of requests admitted in one second may exceed the
   busiest of the previous ``PEAK_WINDOW_S`` seconds by at most
-  ``ramp.requests_per_second``, with ``ramp.burst`` as the allowance from idle. Steady traffic of any size passes; traffic that *grows*
-  faster than the ramp gets 429 ``slow_down``, as OpenAI's own API answers
-  ("Your request rate increased too quickly"). It is a ramp, not a rate cap: capping
-  the rate is the budget windows' job (``requests_per_minute``). The reference is the
-  recent peak, not the last second alone: steady traffic whose rate wobbles from one
-  second to the next (a GC pause, a slow upstream second) is not growth and must not
-  be slowed.
+  ``ramp.requests_per_second``, with ``ramp.burst`` as the allowance from idle.
+  Steady traffic of any size passes; traffic that *grows* faster than the ramp
+  gets 429 ``slow_down``, as OpenAI's own API answers ("Your request rate
+  increased too quickly"). It is a ramp, not a rate cap: capping the rate is the
+  budget windows' job (``requests_per_minute``). The reference is the recent
+  peak, not the last second alone: steady traffic whose rate wobbles from one
+  second to the next (a GC pause, a slow upstream second) is not growth and must
+  not be slowed.
 """
 
 from __future__ import annotations
