@@ -191,7 +191,7 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
     )
 
 
-def _authenticate(request: web.Request, config: Config) -> Caller:
+def _authenticate(request: web.Request) -> Caller:
     """The caller of a key in force (config's and admin-made, minus revoked ones);
     while no key was ever set, every request is workload ``default``."""
     grants = request.app[GRANTS]
@@ -229,7 +229,7 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
     signals = app[SIGNALS]
     signals.begin(request_id)
     try:
-        caller = _authenticate(request, app[CONFIG])
+        caller = _authenticate(request)
         retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
         if retries is not None:
             caller = dataclasses.replace(caller, client_retry_count=retries)
@@ -322,7 +322,7 @@ async def _then_end(
 
 
 async def list_models(request: web.Request) -> web.Response:
-    caller = _authenticate(request, request.app[CONFIG])
+    caller = _authenticate(request)
     created = int(time.time())
     data = [
         {"id": alias, "object": "model", "created": created, "owned_by": "ncap"}
