@@ -125,7 +125,11 @@ def test_stream_without_include_usage_gets_no_usage_chunk(
     [
         ({"n": 3, "best_of": 2}, "invalid_value", "best_of"),
         ({"n": 1, "best_of": 2, "stream": True}, "invalid_value", "best_of"),
-        ({"best_of": 5}, "candidate_count_exceeds_policy", "n"),
+        # the count came from best_of: the refusal names it (param and message)
+        ({"best_of": 5}, "candidate_count_exceeds_policy", "best_of"),
+        ({"n": 5, "best_of": 5}, "candidate_count_exceeds_policy", "best_of"),
+        ({"n": 5}, "candidate_count_exceeds_policy", "n"),
+        ({"best_of": 2, "temperature": 0}, "candidates_with_greedy_sampling", "best_of"),
         ({"prompt": ["one", "two"]}, "invalid_value", "prompt"),
         ({"model": "gem"}, "invalid_value", "model"),
         ({"max_tokens": 9999}, "output_ceiling_exceeds_policy", "max_tokens"),
@@ -142,4 +146,9 @@ def test_refusals_before_dispatch(
     error = info.value.body
     assert isinstance(error, dict)
     assert (error["code"], error["param"]) == (code, param)
+    if code == "candidate_count_exceeds_policy":
+        assert error["message"].startswith(f"{param}=5 exceeds"), error["message"]
+        assert f"Send {param} <= " in error["message"], error["message"]
+    if code == "candidates_with_greedy_sampling":
+        assert error["message"].startswith(f"{param}=2 with temperature 0"), error["message"]
     assert state.requests == 0

@@ -114,6 +114,7 @@ class Admitter:
             exceptions=self.accounting.grants.exceptions,
             limits=self.config.limits,
             requested=asked.candidates(request),
+            count_param=asked.candidate_param(request),
             temperature=float(temperature) if temperature is not None else None,
             max_completion_tokens=asked.max_completion_tokens(request),
             max_tokens=given(request.max_tokens),
