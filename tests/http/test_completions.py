@@ -120,6 +120,20 @@ def test_stream_without_include_usage_gets_no_usage_chunk(
     assert row.reserved_output_tokens == 16  # reserved for what was sent
 
 
+def test_max_tokens_zero_is_served(legacy: tuple[openai.OpenAI, FakeState, Path]) -> None:
+    """The reference allows ``max_tokens: 0`` on the legacy endpoint (an echo of the
+    prompt): found by the schemathesis run, it was a 500 (a reservation with a ceiling
+    of 0); it is served, reserving one token a candidate."""
+    client, state, tmp = legacy
+    raw = client.completions.with_raw_response.create(
+        model="fake-model", prompt=PROMPT, max_tokens=0, echo=True, n=2
+    )
+    assert raw.http_response.status_code == 200
+    assert _last_body(state)["max_tokens"] == 0  # sent as asked
+    (row,) = asyncio.run(settled_rows(tmp, raw.headers["x-request-id"]))
+    assert row.reserved_output_tokens == 2
+
+
 @pytest.mark.parametrize(
     ("args", "code", "param"),
     [

@@ -241,7 +241,9 @@ def _reservation(estimate: int, routes: Sequence[RouteRuntime], decision: Decisi
         reservation_for(
             estimated_input_tokens=estimate,
             effective_n=decision.effective,
-            per_candidate_ceiling=decision.per_candidate_ceiling,
+            # a legacy max_tokens of 0 (the reference allows it: an echo of the prompt,
+            # for its logprobs) still reserves a token a candidate: a bound, never short
+            per_candidate_ceiling=max(decision.per_candidate_ceiling, 1),
             output_cap=rt.route.contract.output_cap,
             candidates_mode=candidates_mode(rt.route.contract, decision.effective),
             pricing=rt.route.pricing,
