@@ -17,9 +17,9 @@ import pytest
 from ncap.client import demux
 from ncap.config import Config
 from ncap.domain.events import LedgerEvent
-from ncap.stores import SQLiteLedgerStore
 from ncap.domain.money import cost_micros
 from ncap.http.app import ACCOUNTING
+from ncap.stores import SQLiteLedgerStore
 from ncap.testing._fake_content import PromptMessage, digest_messages
 from ncap.testing.fake_gemini import GEMINI_STATE, GeminiFakeState, create_gemini_app
 from tests.support import ServerThread, gateway, gateway_config
