@@ -7,7 +7,8 @@ the caller can write the ``policy_result=deny`` ledger event before it raises
 
 Rules, in the order they are checked (the first failure is the reason):
 
-1. ``requested`` is the body's ``n`` (None when omitted); ``effective`` is it or 1.
+1. ``requested`` is the body's ``n`` (a legacy request's ``best_of`` when it sets one;
+   None when omitted); ``effective`` is it or 1. A count refusal names that field.
 2. The approved maximum is the workload's ``max_candidates``, raised only by the most
    permissive exception for that workload that has not expired at ``now``; the
    global ``max_candidates_absolute`` bounds workloads and exceptions alike.
