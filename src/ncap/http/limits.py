@@ -62,11 +62,8 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     the client's error."""
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    try:
-        async with body_deadline(timeout_s):
-            raw = await read_limited(request, limit)
-    except (ClientPayloadError, HttpProcessingError):
-        raise InvalidRequest("The request body was incomplete or malformed.") from None
+    async with body_deadline(timeout_s):
+        raw = await read_limited(request, limit)
     if raw is None:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
     return raw
@@ -76,11 +73,15 @@ async def read_limited(request: web.Request, limit: int) -> bytes | None:
     """The body up to its end, or None as soon as it is longer than ``limit``.
 
     ``StreamReader.read(n)`` returns what has arrived so far, not ``n`` bytes: one call
-    would cut a body that comes in several segments."""
+    would cut a body that comes in several segments. A body cut short (a bad chunk, the
+    client's side closed before its end) is the client's error."""
     parts: list[bytes] = []
     size = 0
     while True:
-        part = await request.content.read(limit + 1 - size)
+        try:
+            part = await request.content.read(limit + 1 - size)
+        except (ClientPayloadError, HttpProcessingError, ConnectionError):
+            raise InvalidRequest("The request body was incomplete or malformed.") from None
         if not part:
             return b"".join(parts)
         size += len(part)
