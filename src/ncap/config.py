@@ -129,6 +129,10 @@ class Limits(_Model):
     max_headers: int = Field(100, ge=8)
     max_messages: int = Field(2048, ge=1)
     max_stream_s: float = Field(900, gt=0)  # wall clock of one streamed answer
+    # a client that stalls: the whole body must arrive within this after the headers,
+    # and a streamed answer's client must take each chunk within the other
+    body_timeout_s: float = Field(30, gt=0)
+    stream_write_timeout_s: float = Field(30, gt=0)
 
 
 class KeyEntry(_Model):

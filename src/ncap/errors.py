@@ -16,6 +16,7 @@
     │       ├── RouteContractStale                route_contract_stale
     │       └── OutputCeilingExceedsPolicy        output_ceiling_exceeds_policy
     ├── BodyTooLarge                        413 request_too_large
+    ├── RequestTimeout                      408 request_timeout (the body did not arrive in time)
     ├── InvalidApiKey                       401 invalid_api_key
     ├── Forbidden                           403 forbidden (a key that is not the admin key)
     ├── NotFound                            404 not_found (an admin API entry)
@@ -70,6 +71,7 @@ __all__ = [
     "RateLimitExceeded",
     "RateLimited",
     "Refusal",
+    "RequestTimeout",
     "RouteContractStale",
     "RouteDoesNotSupportCandidates",
     "SlowDown",
@@ -213,6 +215,15 @@ class BodyTooLarge(NcapError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class RequestTimeout(NcapError):
+    """The request body did not arrive within ``limits.body_timeout_s``; the answer
+    closes the connection (what is left of the body is never read)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class InvalidApiKey(NcapError):

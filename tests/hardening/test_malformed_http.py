@@ -35,6 +35,11 @@ CASES = {
     "content-length and chunked": _HEAD
     + b"\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     "negative content-length": _HEAD + b"\r\nContent-Length: -1\r\n\r\n",
+    # found by the header fuzz: h11 sends it, aiohttp refuses a repeated singleton
+    "content-type twice": _HEAD
+    + b"\r\nContent-Type: application/json\r\ncontent-type: "
+    + CANARY
+    + b"\r\nContent-Length: 2\r\n\r\n{}",
 }
 
 

@@ -120,12 +120,30 @@ def test_stream_without_include_usage_gets_no_usage_chunk(
     assert row.reserved_output_tokens == 16  # reserved for what was sent
 
 
+def test_max_tokens_zero_is_served(legacy: tuple[openai.OpenAI, FakeState, Path]) -> None:
+    """The reference allows ``max_tokens: 0`` on the legacy endpoint (an echo of the
+    prompt): found by the schemathesis run, it was a 500 (a reservation with a ceiling
+    of 0); it is served, reserving one token a candidate."""
+    client, state, tmp = legacy
+    raw = client.completions.with_raw_response.create(
+        model="fake-model", prompt=PROMPT, max_tokens=0, echo=True, n=2
+    )
+    assert raw.http_response.status_code == 200
+    assert _last_body(state)["max_tokens"] == 0  # sent as asked
+    (row,) = asyncio.run(settled_rows(tmp, raw.headers["x-request-id"]))
+    assert row.reserved_output_tokens == 2
+
+
 @pytest.mark.parametrize(
     ("args", "code", "param"),
     [
         ({"n": 3, "best_of": 2}, "invalid_value", "best_of"),
         ({"n": 1, "best_of": 2, "stream": True}, "invalid_value", "best_of"),
-        ({"best_of": 5}, "candidate_count_exceeds_policy", "n"),
+        # the count came from best_of: the refusal names it (param and message)
+        ({"best_of": 5}, "candidate_count_exceeds_policy", "best_of"),
+        ({"n": 5, "best_of": 5}, "candidate_count_exceeds_policy", "best_of"),
+        ({"n": 5}, "candidate_count_exceeds_policy", "n"),
+        ({"best_of": 2, "temperature": 0}, "candidates_with_greedy_sampling", "best_of"),
         ({"prompt": ["one", "two"]}, "invalid_value", "prompt"),
         ({"model": "gem"}, "invalid_value", "model"),
         ({"max_tokens": 9999}, "output_ceiling_exceeds_policy", "max_tokens"),
@@ -142,4 +160,9 @@ def test_refusals_before_dispatch(
     error = info.value.body
     assert isinstance(error, dict)
     assert (error["code"], error["param"]) == (code, param)
+    if code == "candidate_count_exceeds_policy":
+        assert error["message"].startswith(f"{param}=5 exceeds"), error["message"]
+        assert f"Send {param} <= " in error["message"], error["message"]
+    if code == "candidates_with_greedy_sampling":
+        assert error["message"].startswith(f"{param}=2 with temperature 0"), error["message"]
     assert state.requests == 0

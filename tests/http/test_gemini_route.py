@@ -17,7 +17,10 @@ import pytest
 from ncap.client import demux
 from ncap.config import Config
 from ncap.domain.events import LedgerEvent
+from ncap.domain.money import cost_micros
+from ncap.http.app import ACCOUNTING
 from ncap.stores import SQLiteLedgerStore
+from ncap.testing._fake_content import PromptMessage, digest_messages
 from ncap.testing.fake_gemini import GEMINI_STATE, GeminiFakeState, create_gemini_app
 from tests.support import ServerThread, gateway, gateway_config
 
@@ -36,7 +39,9 @@ def fake_gemini() -> Iterator[tuple[str, GeminiFakeState]]:
         server.stop()
 
 
-def _config(base_url: str, tmp: Path, **contract: Any) -> Config:
+def _config(
+    base_url: str, tmp: Path, headers: dict[str, str] | None = None, **contract: Any
+) -> Config:
     route = {
         "provider": "gemini",
         "base_url": base_url,
@@ -45,7 +50,7 @@ def _config(base_url: str, tmp: Path, **contract: Any) -> Config:
         "retries": 1,
         "backoff_s": 0.01,
         # the fake reads these to report thoughts and cached tokens
-        "headers": {"x-fake-reasoning-tokens": "7", "x-fake-cached-tokens": "4"},
+        "headers": {"x-fake-reasoning-tokens": "7", "x-fake-cached-tokens": "4", **(headers or {})},
         "pricing": {"input_per_mtok": 0.3, "output_per_mtok": 2.5},
         "contract": {
             "candidates": "native",
@@ -233,3 +238,46 @@ def test_emulated_gemini_route_fans_out_and_merges(
 def _sent_config(raw: bytes) -> dict[str, Any]:
     config: dict[str, Any] = json.loads(raw).get("generationConfig") or {}
     return config
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_blocked_prompt_settles_the_prompt_tokens_gemini_reported(
+    fake_gemini: tuple[str, GeminiFakeState],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    """A prompt Gemini blocks (``promptFeedback.blockReason``, no candidates) is the
+    client's 400 ``content_filter``, and its row is ``settled`` at the
+    ``usageMetadata.promptTokenCount`` Gemini reported, the budget charged the same
+    (was: zero tokens, the hold released, as if nothing had been billed)."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    config = _config(fake_gemini[0], tmp_path, headers={"x-fake-fault": "blocked_prompt"})
+    with gateway(config) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as info:
+            args: dict[str, Any] = {"model": "gem", "messages": MESSAGES, "n": 2}
+            if stream:
+                list(client.chat.completions.create(**args, stream=True))
+            else:
+                client.chat.completions.create(**args)
+        (row,) = _rows(tmp_path, 1)
+        assert server.app is not None
+        budgets = server.app[ACCOUNTING].budgets
+        live = server.call(budgets.usage("default"))
+        outstanding = server.call(budgets.outstanding())
+    error = info.value.body
+    assert isinstance(error, dict)
+    assert (error["code"], error["param"]) == ("content_filter", "messages")
+    assert fake_gemini[1].requests == 1  # the request's own fault: not retried
+    _, prompt_tokens = digest_messages([PromptMessage("user", MESSAGES[0]["content"])])
+    assert prompt_tokens > 0
+    assert row.state == "settled"
+    assert row.upstream_status == 400
+    assert row.returned_candidate_count == 0
+    assert (row.input_tokens, row.output_tokens_total) == (prompt_tokens, 0)
+    assert row.total_tokens == prompt_tokens
+    assert row.cost_micros == cost_micros(prompt_tokens, 0, 0, config.routes["g"].pricing)
+    assert row.usage_source == ("provider_stream" if stream else "provider_response")
+    assert (live.tokens_day, live.cost_day) == (row.total_tokens, row.cost_micros)
+    assert outstanding == []

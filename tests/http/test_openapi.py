@@ -1,4 +1,5 @@
-"""``/openapi.json`` is valid OpenAPI 3.1 and agrees with the validator it is built from."""
+"""``/openapi.json`` is valid OpenAPI 3.1 and agrees with the validator it is built from,
+for chat and for the legacy ``/v1/completions``."""
 
 from __future__ import annotations
 
@@ -14,19 +15,23 @@ from openapi_spec_validator import validate
 
 from ncap.errors import InvalidRequest
 from ncap.http.openapi import openapi_document
-from ncap.protocol.validate import parse_chat_request
+from ncap.protocol.validate import (
+    COMPLETION_FIELDS,
+    parse_chat_request,
+    parse_completion_request,
+)
 from tests.support import ServerThread
 
 
-def _request_validator() -> jsonschema.Draft202012Validator:
+def _request_validator(name: str = "ChatCompletionRequest") -> jsonschema.Draft202012Validator:
     doc = openapi_document()
-    schema = {"$ref": "#/components/schemas/ChatCompletionRequest", **doc}
+    schema = {"$ref": f"#/components/schemas/{name}", **doc}
     return jsonschema.Draft202012Validator(schema)
 
 
-def _validator_accepts(body: Any) -> bool:
+def _validator_accepts(body: Any, parse: Any = parse_chat_request) -> bool:
     try:
-        parse_chat_request(json.dumps(body).encode())
+        parse(json.dumps(body).encode())
     except InvalidRequest:
         return False
     return True
@@ -62,6 +67,21 @@ def test_document_is_valid_openapi_31() -> None:
     assert "/v1/chat/completions" in doc["paths"]
 
 
+def test_legacy_completions_is_an_operation_over_its_wire_structs() -> None:
+    op = openapi_document()["paths"]["/v1/completions"]["post"]
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    ok = op["responses"]["200"]["content"]
+    assert body == {"$ref": "#/components/schemas/CompletionRequest"}
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/TextCompletion"}
+    assert "text/event-stream" in ok
+    assert op["security"] == [{"bearer": []}]
+    schemas = openapi_document()["components"]["schemas"]
+    # every field the validator knows, and only those (the schema is generated, not written)
+    props = schemas["CompletionRequest"]["properties"]
+    assert set(props) == set(COMPLETION_FIELDS)
+    assert props["best_of"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 20}
+
+
 def test_gateway_serves_the_document(gw: ServerThread) -> None:
     r = httpx.get(gw.url + "/openapi.json", timeout=10)
     assert r.status_code == 200
@@ -85,3 +105,44 @@ def test_schema_accepts_whatever_the_validator_accepts(extra: dict[str, Any]) ->
     every one of these per-field cases has no cross-field rule, so they agree both ways."""
     body = {"model": "m", "messages": MSG, **extra}
     assert _request_validator().is_valid(body) == _validator_accepts(body)
+
+
+LEGACY: list[dict[str, Any]] = [
+    {"model": "m", "prompt": "hi"},
+    {"model": "m", "prompt": ["a", "b"], "n": 2, "best_of": 3, "max_tokens": 8},
+    {"model": "m", "prompt": [1, 2, 3], "echo": True, "logprobs": 2},
+    {"model": "m", "prompt": [[1, 2], [3]], "suffix": "x", "stop": "\n"},
+    {"model": "m", "prompt": None},
+    {"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}},
+    {"model": "m"},
+    {"prompt": "hi"},
+    {"model": "m", "prompt": "hi", "best_of": 21},
+    {"model": "m", "prompt": "hi", "best_of": -1},
+    {"model": "m", "prompt": "hi", "logprobs": 6},
+    {"model": "m", "prompt": "hi", "n": 0},
+    {"model": "m", "prompt": [[]]},
+    {"model": "m", "prompt": {"text": "hi"}},
+    {"model": "m", "prompt": "hi", "messages": []},
+    {"model": "m", "prompt": "hi", "temperature": 3},
+]
+
+
+@pytest.mark.parametrize("body", LEGACY)
+def test_legacy_schema_and_validator_agree_on_sample(body: dict[str, Any]) -> None:
+    validator = _request_validator("CompletionRequest")
+    assert validator.is_valid(body) == _validator_accepts(body, parse_completion_request)
+
+
+_legacy_fields = st.sampled_from(["n", "best_of", "logprobs", "max_tokens", "echo", "suffix"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(_legacy_fields, _values, max_size=4))
+def test_legacy_schema_accepts_whatever_the_validator_accepts(extra: dict[str, Any]) -> None:
+    """As for chat; ``best_of`` >= ``n`` is a cross-field rule, so only one direction."""
+    body = {"model": "m", "prompt": "hi", **extra}
+    accepted = _validator_accepts(body, parse_completion_request)
+    valid = _request_validator("CompletionRequest").is_valid(body)
+    assert valid or not accepted
+    if not {"n", "best_of"} <= set(extra):
+        assert valid == accepted

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from ncap.config import Route
 from ncap.errors import InvalidValue, RouteDoesNotSupportCandidates
+from ncap.providers import transport
 from ncap.providers.base import AttemptFailed
 from ncap.providers.gemini import DEFAULT_BASE_URL, GeminiProvider
 
@@ -67,8 +69,55 @@ def _provider(base_url: str | None, model: str = "gemini-2.5-flash") -> GeminiPr
 
 def test_default_base_url_and_model_path(monkeypatch: pytest.MonkeyPatch) -> None:
     provider = _provider(None)
-    assert provider._whole.url == f"{DEFAULT_BASE_URL}/models/gemini-2.5-flash:generateContent"
-    assert provider._streamed.url.endswith(":streamGenerateContent?alt=sse")
+    assert provider._transport.url == f"{DEFAULT_BASE_URL}/models/gemini-2.5-flash:generateContent"
+    assert provider._stream_url.endswith(":streamGenerateContent?alt=sse")
+
+
+async def test_whole_and_streamed_calls_share_one_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One route, one connection pool: a streamed call after a whole one reuses its
+    kept-alive connection, and one client session is ever opened (was: a transport,
+    a session and a pool per method)."""
+    sessions: list[aiohttp.ClientSession] = []
+    real = aiohttp.ClientSession
+
+    def counted(*args: Any, **kwargs: Any) -> aiohttp.ClientSession:
+        sessions.append(real(*args, **kwargs))
+        return sessions[-1]
+
+    monkeypatch.setattr(transport.aiohttp, "ClientSession", counted)
+    peers: list[tuple[str, int]] = []
+    paths: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        paths.append(request.path_qs)
+        await request.read()
+        if request.query.get("alt") == "sse":
+            return web.Response(body=_sse(DONE_EVENT), content_type="text/event-stream")
+        return web.json_response(DONE_EVENT)
+
+    app = web.Application()
+    app.router.add_post("/v1beta/models/{target}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        provider = _provider(f"http://127.0.0.1:{runner.addresses[0][1]}/v1beta")
+        await provider.complete(BODY, timeout=5)
+        async with provider.stream(BODY, timeout=5) as (_, events):
+            assert [e async for e in events]
+        await provider.complete(BODY, timeout=5)
+        await provider.aclose()
+    finally:
+        await runner.cleanup()
+    assert [p.rpartition(":")[2] for p in paths] == [
+        "generateContent",
+        "streamGenerateContent?alt=sse",
+        "generateContent",
+    ]
+    assert len(sessions) == 1
+    assert peers[0] == peers[1]  # the stream went over the whole call's connection
 
 
 async def test_key_in_header_never_in_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,8 @@ the caller can write the ``policy_result=deny`` ledger event before it raises
 
 Rules, in the order they are checked (the first failure is the reason):
 
-1. ``requested`` is the body's ``n`` (None when omitted); ``effective`` is it or 1.
+1. ``requested`` is the body's ``n`` (a legacy request's ``best_of`` when it sets one;
+   None when omitted); ``effective`` is it or 1. A count refusal names that field.
 2. The approved maximum is the workload's ``max_candidates``, raised only by the most
    permissive exception for that workload that has not expired at ``now``; the
    global ``max_candidates_absolute`` bounds workloads and exceptions alike.
@@ -85,8 +86,12 @@ def decide(
     max_completion_tokens: int | None,
     max_tokens: int | None,
     now: datetime,
+    count_param: str = "n",
 ) -> Decision:
-    """Apply SPEC §4 to one request; see the module docstring for the rule order."""
+    """Apply SPEC §4 to one request; see the module docstring for the rule order.
+
+    ``count_param`` is the request field ``requested`` came from, which a count refusal
+    names (``n``, or a legacy request's ``best_of``)."""
     effective = requested if requested is not None else 1
     grant = _best_grant(workload_id, workload, exceptions, now)
     cap = limits.max_candidates_absolute
@@ -95,8 +100,8 @@ def decide(
     policy_ceiling = _policy_ceiling(workload, engaged)
     ceiling, param = _request_ceiling(max_completion_tokens, max_tokens)
     error = (
-        _count_error(workload_id, effective, max_allowed, cap)
-        or _greedy_error(workload_id, workload, effective, temperature)
+        _count_error(workload_id, effective, max_allowed, cap, count_param)
+        or _greedy_error(workload_id, workload, effective, temperature, count_param)
         or _ceiling_error(workload_id, policy_ceiling, max_completion_tokens, max_tokens)
     )
     if error is not None:
@@ -148,7 +153,7 @@ def _request_ceiling(
 
 
 def _count_error(
-    workload_id: str, effective: int, max_allowed: int, cap: int
+    workload_id: str, effective: int, max_allowed: int, cap: int, param: str
 ) -> PolicyDenied | None:
     if effective <= max_allowed:
         return None
@@ -156,25 +161,25 @@ def _count_error(
     if effective > cap:
         hard = f" The gateway's hard cap is {cap}; no exception can exceed it."
     return CandidateCountExceedsPolicy(
-        f"n={effective} exceeds the approved maximum of {max_allowed} candidate(s) for "
-        f"workload '{workload_id}'. Send n <= {max_allowed}, or ask the gateway operator "
+        f"{param}={effective} exceeds the approved maximum of {max_allowed} candidate(s) for "
+        f"workload '{workload_id}'. Send {param} <= {max_allowed}, or ask the gateway operator "
         "for a reviewed candidate-count exception for this workload (owner, maximum, "
         f"output ceiling, budget and expiry).{hard} Do not retry this request unchanged.",
-        param="n",
+        param=param,
         refusal=Refusal("max_candidates", max_allowed, effective),
     )
 
 
 def _greedy_error(
-    workload_id: str, workload: Workload, effective: int, temperature: float | None
+    workload_id: str, workload: Workload, effective: int, temperature: float | None, param: str
 ) -> PolicyDenied | None:
     if effective <= 1 or temperature != 0 or workload.greedy_candidates == "allow":
         return None
     return CandidatesWithGreedySampling(
-        f"n={effective} with temperature 0 asks for {effective} copies of the same greedy "
-        f"answer at {effective} times the output cost; workload '{workload_id}' rejects "
-        "this. Use n=1, or a temperature above 0.",
-        param="n",
+        f"{param}={effective} with temperature 0 asks for {effective} copies of the same "
+        f"greedy answer at {effective} times the output cost; workload '{workload_id}' "
+        f"rejects this. Use {param}=1, or a temperature above 0.",
+        param=param,
     )
 
 

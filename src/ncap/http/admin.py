@@ -38,6 +38,7 @@ from ncap.errors import (
     NotFound,
 )
 from ncap.http.dashboard import admin_refusal
+from ncap.http.limits import body_deadline, read_limited
 from ncap.stores.admin import AdminChange, AdminStore, DuplicateGrant
 
 __all__ = ["ADMIN_STORE", "GRANTS", "add_admin_routes"]
@@ -86,8 +87,9 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.content.read(_MAX_BODY + 1)
-    if len(raw) > _MAX_BODY:
+    async with body_deadline(request.app[_ADMIN_CONFIG].limits.body_timeout_s):
+        raw = await read_limited(request, _MAX_BODY)
+    if raw is None:
         raise InvalidValue("The request body is too large.")
     try:
         body = msgspec.json.decode(raw) if raw else None

@@ -30,11 +30,12 @@ from ncap.errors import (
     InvalidRequest,
     NcapError,
     PolicyDenied,
+    RequestTimeout,
 )
 from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
 from ncap.http.dashboard import add_dashboard_routes
-from ncap.http.limits import bounded_stream, handler_limits, read_body
+from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.http.openapi import add_openapi_route
@@ -164,7 +165,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except NcapError as exc:
         _count_refusal(request.app, exc)
-        return error_response(exc, request.get(REQUEST_ID))
+        response = error_response(exc, request.get(REQUEST_ID))
+        if isinstance(exc, RequestTimeout):
+            response.force_close()  # the rest of a stalled body is never waited for
+        return response
     except web.HTTPException as exc:
         return _http_exception(exc)
     except Exception as exc:
@@ -191,7 +195,7 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
     )
 
 
-def _authenticate(request: web.Request, config: Config) -> Caller:
+def _authenticate(request: web.Request) -> Caller:
     """The caller of a key in force (config's and admin-made, minus revoked ones);
     while no key was ever set, every request is workload ``default``."""
     grants = request.app[GRANTS]
@@ -229,7 +233,7 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
     signals = app[SIGNALS]
     signals.begin(request_id)
     try:
-        caller = _authenticate(request, app[CONFIG])
+        caller = _authenticate(request)
         retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
         if retries is not None:
             caller = dataclasses.replace(caller, client_retry_count=retries)
@@ -237,7 +241,8 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
         admission = app[ADMISSION]
         admission.enter()
         try:
-            raw = await read_body(request, app[CONFIG].limits.max_body_bytes)
+            limits = app[CONFIG].limits
+            raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
             gateway = app[GATEWAY]
             if kind == "chat":
                 key = request.headers.get("Idempotency-Key")
@@ -281,19 +286,23 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
     stream = reply.stream
     signals = request.app[SIGNALS]
     signals.responded(request_id, reply.status)
-    bounded = bounded_stream(stream, request.app[CONFIG].limits.max_stream_s)
+    limits = request.app[CONFIG].limits
+    bounded = bounded_stream(stream, limits.max_stream_s)
+    # a client that stops reading is dropped (a disconnect) after stream_write_timeout_s
+    watch = StallWatch(request, limits.stream_write_timeout_s)
     try:
         # started before anything can fail, so that closing it always runs its
         # settlement and closes the upstream (its first event is already here)
         first = await anext(bounded, None)
-        await response.prepare(request)
+        await watch.write(response.prepare(request))
         if first is not None:
-            await response.write(first)
+            await watch.write(response.write(first))
         async for chunk in bounded:
-            await response.write(chunk)
+            await watch.write(response.write(chunk))
     except (ConnectionError, OSError):
         pass  # the client went away; closing the stream cancels the upstream request
     finally:
+        watch.close()
         await stream.aclose()  # type: ignore[attr-defined]
         signals.end(request_id)  # every attempt of the stream is closed by now
     return response
@@ -322,7 +331,7 @@ async def _then_end(
 
 
 async def list_models(request: web.Request) -> web.Response:
-    caller = _authenticate(request, request.app[CONFIG])
+    caller = _authenticate(request)
     created = int(time.time())
     data = [
         {"id": alias, "object": "model", "created": created, "owned_by": "ncap"}

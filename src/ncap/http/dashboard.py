@@ -36,6 +36,7 @@ from jinja2 import Environment, select_autoescape
 
 from ncap.config import Config, parse_duration, utcnow
 from ncap.errors import ConfigError
+from ncap.http.limits import body_deadline
 from ncap.reports import (
     Report,
     build_report,
@@ -205,7 +206,8 @@ async def login(request: web.Request) -> web.Response:
     state = request.app[DASHBOARD]
     if state.admin_key is None:
         return _login_page(state, "The dashboard is off.", 403)
-    form = await request.post()
+    async with body_deadline(state.config.limits.body_timeout_s):
+        form = await request.post()
     key = form.get("key")
     if not isinstance(key, str) or not state.is_admin_key(key.strip()):
         return _login_page(state, "That key is not the admin key.", 403)

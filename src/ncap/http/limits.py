@@ -3,11 +3,19 @@ defaults and OpenAI-shaped errors.
 
 - header line size and header count: aiohttp's parser enforces them (a 400 before any
   handler runs; ``malformed.ProtocolLog`` keeps that to one log line);
-- the body size: ``read_body`` (413 ``request_too_large``);
+- the body size: ``read_body`` (413 ``request_too_large``), which reads until the body's
+  end (a body that arrives in several TCP segments is read whole);
+- the body's arrival: ``read_body`` and ``body_deadline`` give a client that sends the
+  headers and then stalls ``body_timeout_s`` to send the whole body, then answer 408
+  ``request_timeout`` and close the connection (the admin API and the dashboard's login
+  form read their bodies under the same deadline);
 - the message count: ``protocol.limits.check_message_count`` (400 on ``messages``),
   called by the gateway right after validation, before anything is admitted;
 - a streamed answer's wall-clock duration: ``bounded_stream`` ends it with an SSE error
-  event, which closes the upstream stream and settles it like a client disconnect.
+  event, which closes the upstream stream and settles it like a client disconnect;
+- a streamed answer's client that stops reading: ``StallWatch`` drops the connection
+  when a write has waited ``stream_write_timeout_s`` (a full socket buffer otherwise
+  blocks it for good), and the stream is settled like a client disconnect.
 ``n`` is bounded by the policy (``max_candidates_absolute`` and each workload's
 ``max_candidates``) and JSON nesting by ``protocol.validate.MAX_DEPTH``.
 """
@@ -16,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -25,9 +34,18 @@ from aiohttp.client_exceptions import ClientPayloadError
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ncap.config import Limits
-from ncap.errors import BodyTooLarge, InvalidRequest
+from ncap.errors import BodyTooLarge, InvalidRequest, RequestTimeout
 
-__all__ = ["bounded_stream", "handler_limits", "read_body"]
+__all__ = [
+    "StallWatch",
+    "body_deadline",
+    "bounded_stream",
+    "handler_limits",
+    "read_body",
+    "read_limited",
+]
+
+_T = TypeVar("_T")
 
 
 def handler_limits(limits: Limits) -> dict[str, Any]:
@@ -39,17 +57,92 @@ def handler_limits(limits: Limits) -> dict[str, Any]:
     }
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes; a body cut short is the client's error."""
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most ``limit`` bytes, within ``timeout_s``; a body cut short is
+    the client's error."""
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    try:
-        raw = await request.content.read(limit + 1)
-    except (ClientPayloadError, HttpProcessingError):
-        raise InvalidRequest("The request body was incomplete or malformed.") from None
-    if len(raw) > limit:
+    async with body_deadline(timeout_s):
+        raw = await read_limited(request, limit)
+    if raw is None:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
     return raw
+
+
+async def read_limited(request: web.Request, limit: int) -> bytes | None:
+    """The body up to its end, or None as soon as it is longer than ``limit``.
+
+    ``StreamReader.read(n)`` returns what has arrived so far, not ``n`` bytes: one call
+    would cut a body that comes in several segments. A body cut short (a bad chunk, the
+    client's side closed before its end) is the client's error."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            part = await request.content.read(limit + 1 - size)
+        except (ClientPayloadError, HttpProcessingError, ConnectionError):
+            raise InvalidRequest("The request body was incomplete or malformed.") from None
+        if not part:
+            return b"".join(parts)
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
+
+
+@asynccontextmanager
+async def body_deadline(timeout_s: float) -> AsyncIterator[None]:
+    """The body read inside must finish within ``timeout_s``, else 408 ``request_timeout``
+    (the error middleware then closes the connection)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {_seconds(timeout_s)} seconds."
+        ) from None
+
+
+class StallWatch:
+    """Drops the connection of a streamed answer whose client has not taken a write for
+    ``timeout_s``: a client that stops reading fills the socket buffers, and the write
+    then blocks for good (holding the upstream stream and the attempt's reservation).
+
+    One timer per stream, checked every half ``timeout_s`` (a stall is caught after one
+    to one and a half times it), so a write costs two attribute stores, not a timer.
+    Aborting the transport wakes the blocked write; the next one raises
+    ``ConnectionResetError``, which the writer treats as the client's disconnect."""
+
+    def __init__(self, request: web.Request, timeout_s: float) -> None:
+        self._transport = request.transport
+        self._timeout = timeout_s
+        self._loop = asyncio.get_running_loop()
+        self.writing_since: float | None = None
+        self.stalled = False
+        self._handle = self._loop.call_later(timeout_s / 2, self._check)
+
+    async def write(self, write: Awaitable[_T]) -> _T:
+        self.writing_since = self._loop.time()
+        try:
+            return await write
+        finally:
+            self.writing_since = None
+
+    def _check(self) -> None:
+        since = self.writing_since
+        if since is not None and self._loop.time() - since >= self._timeout:
+            self.stalled = True
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        self._handle = self._loop.call_later(self._timeout / 2, self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 _TIMEOUT_EVENT = (

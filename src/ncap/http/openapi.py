@@ -3,8 +3,9 @@
 The request schema is ``msgspec.json.schema_components`` over the same
 ``ChatCompletionRequest`` that ``protocol.validate`` converts bodies into, and the
 answers are the same response structs the gateway encodes, so the published contract
-cannot drift from what is enforced. A new endpoint is one ``Operation`` in
-``OPERATIONS`` (e.g. the legacy ``/v1/completions`` over ``CompletionRequest``).
+cannot drift from what is enforced; the legacy ``/v1/completions`` is described the same
+way, over ``CompletionRequest`` (what ``parse_completion_request`` converts into) and
+``TextCompletion``. A new endpoint is one ``Operation`` in ``OPERATIONS``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from ncap import __version__
 from ncap.protocol.chat import ChatCompletionRequest
+from ncap.protocol.completions import CompletionRequest, TextCompletion
 from ncap.protocol.responses import ChatCompletion, ErrorEnvelope
 
 __all__ = ["OPERATIONS", "Operation", "add_openapi_route", "openapi_document"]
@@ -45,6 +47,14 @@ OPERATIONS: tuple[Operation, ...] = (
         "Create a chat completion (n candidates, budgets enforced).",
         request=ChatCompletionRequest,
         response=ChatCompletion,
+        stream=True,
+    ),
+    Operation(
+        "/v1/completions",
+        "post",
+        "Create a legacy text completion (n and best_of, budgets enforced).",
+        request=CompletionRequest,
+        response=TextCompletion,
         stream=True,
     ),
     Operation("/v1/models", "get", "List the model aliases this key may use."),

@@ -114,6 +114,7 @@ class Admitter:
             exceptions=self.accounting.grants.exceptions,
             limits=self.config.limits,
             requested=asked.candidates(request),
+            count_param=asked.candidate_param(request),
             temperature=float(temperature) if temperature is not None else None,
             max_completion_tokens=asked.max_completion_tokens(request),
             max_tokens=given(request.max_tokens),
@@ -240,7 +241,9 @@ def _reservation(estimate: int, routes: Sequence[RouteRuntime], decision: Decisi
         reservation_for(
             estimated_input_tokens=estimate,
             effective_n=decision.effective,
-            per_candidate_ceiling=decision.per_candidate_ceiling,
+            # a legacy max_tokens of 0 (the reference allows it: an echo of the prompt,
+            # for its logprobs) still reserves a token a candidate: a bound, never short
+            per_candidate_ceiling=max(decision.per_candidate_ceiling, 1),
             output_cap=rt.route.contract.output_cap,
             candidates_mode=candidates_mode(rt.route.contract, decision.effective),
             pricing=rt.route.pricing,

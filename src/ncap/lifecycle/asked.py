@@ -23,6 +23,7 @@ from ncap.providers.base import RequestKind
 __all__ = [
     "LEGACY_DEFAULT_MAX_TOKENS",
     "Request",
+    "candidate_param",
     "candidates",
     "default_ceiling",
     "given",
@@ -54,6 +55,15 @@ def candidates(request: Request) -> int | None:
         best_of: int | None = given(request.best_of)
         return best_of if best_of is not None and best_of > 0 else n
     return n
+
+
+def candidate_param(request: Request) -> str:
+    """The field ``candidates`` read the count from, which a refusal of it names."""
+    if isinstance(request, CompletionRequest):
+        best_of: int | None = given(request.best_of)
+        if best_of is not None and best_of > 0:
+            return "best_of"
+    return "n"
 
 
 def returned(request: Request) -> int | None:

@@ -7,6 +7,13 @@ rest, so a new provider needs no change here. A provider's own refusal raised as
 ``NcapError`` (the local engine's queue full, a context overflow) generated nothing:
 recorded as such (``as_failure``) and shown to the client as it is.
 
+A refusal the upstream reports usage for (Gemini's blocked prompt: a 200 whose
+``promptFeedback.blockReason`` refused it before any candidate, with
+``usageMetadata.promptTokenCount``) is still ``rejected`` (nothing generated, no retry,
+the client's 400 ``content_filter``), but ``reported_usage`` hands the settlement the
+usage it reported: the row is ``settled`` at those tokens and their cost, and the hold
+is settled with them rather than released. Without a report, a refusal settles at zero.
+
 A well-formed error answer (a 5xx other than 503 whose body the provider could read
 as an error envelope) is an answer, not an unknown, when the route's contract says
 ``error_responses: unbilled``: class ``error_answer``, settled at zero. Without the
@@ -18,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+import msgspec
+
 from ncap.domain.events import AttemptOutcome
 from ncap.errors import (
     InvalidRequest,
@@ -28,9 +37,18 @@ from ncap.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 
-__all__ = ["TABLE", "as_failure", "classify", "client_error", "ledger_outcome", "stream_cut"]
+__all__ = [
+    "TABLE",
+    "as_failure",
+    "classify",
+    "client_error",
+    "ledger_outcome",
+    "reported_usage",
+    "stream_cut",
+]
 
 FailureClass = Literal[
     "timeout",
@@ -132,6 +150,15 @@ def _status_class(status: int, code: str | None) -> FailureClass:
 
 def ledger_outcome(f: AttemptFailed, *, unbilled_errors: bool = False) -> AttemptOutcome:
     return TABLE[classify(f, unbilled_errors=unbilled_errors)][0]
+
+
+def reported_usage(f: AttemptFailed) -> SummaryUsage | None:
+    """The usage a refusal reported (a blocked prompt's prompt tokens), which its row is
+    settled at; None for any other failure (which reports none: zero for a refusal,
+    unknown otherwise, as ``TABLE`` says)."""
+    if f.usage is None or ledger_outcome(f) != "rejected":
+        return None
+    return msgspec.convert(msgspec.to_builtins(f.usage), SummaryUsage)
 
 
 def client_error(f: AttemptFailed) -> NcapError:

@@ -5,7 +5,8 @@
    it returns is then closed exactly once:
 3. ``answered`` / ``stream_finished`` / ``failed``: the row gets the provider's usage
    and its final state; the hold is settled with actuals, kept (usage unknown: held
-   until reconciled), or, for an upstream refusal that generated nothing, released.
+   until reconciled), or, for an upstream refusal that generated nothing, released (a
+   refusal that reported usage, Gemini's blocked prompt, is settled at that usage).
 4. ``abandon``: a request that ends with holds no closed attempt took releases them.
 
 A ledger failure is never swallowed: it propagates and the client gets an error.
@@ -37,7 +38,7 @@ from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
 from ncap.errors import NcapError, Refusal, StoreUnavailable
-from ncap.lifecycle.failures import classify, ledger_outcome
+from ncap.lifecycle.failures import classify, ledger_outcome, reported_usage
 from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
@@ -238,7 +239,8 @@ class Accounting:
             _log_failure(attempt, None, str(report.cut), outcome)
 
     async def failed(self, attempt: Attempt, failure: AttemptFailed) -> None:
-        report = AttemptReport(failure.provider_request_id, 0, {}, None, attempt.plan.stream, None)
+        usage = reported_usage(failure)  # a refusal's own report (a blocked prompt's)
+        report = AttemptReport(failure.provider_request_id, 0, {}, usage, attempt.plan.stream, None)
         unbilled = attempt.route.route.contract.error_responses == "unbilled"
         outcome = ledger_outcome(failure, unbilled_errors=unbilled)
         await self._close(attempt, report, outcome, upstream_status=failure.status)
@@ -296,7 +298,9 @@ class Accounting:
             stream=report.stream,
             outcome=outcome,
         )
-        if rejected:
+        if rejected and usage_complete(usage):
+            final = _usage_fields(usage, attempt.route.route.pricing)  # what it reported
+        elif rejected:
             final = dict(_NOTHING_USED)
         elif settlement.state == "settled":
             final = _usage_fields(usage, attempt.route.route.pricing)
@@ -319,7 +323,7 @@ class Accounting:
     ) -> None:
         if hold is None:
             return
-        if outcome in _NOTHING_GENERATED:
+        if outcome in _NOTHING_GENERATED and not final.get("total_tokens"):
             await self.budgets.release(hold)  # a refusal (or unbilled error) generated nothing
         elif keeps:
             await self.budgets.keep(hold)

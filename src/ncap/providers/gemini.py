@@ -58,8 +58,8 @@ log = logging.getLogger("ncap.providers.gemini")
 
 
 class GeminiProvider:
-    """One route's Gemini model: a transport per method (whole, streamed), each with
-    the route's pool size, opened on first use."""
+    """One route's Gemini model: one transport (one pool of the route's
+    ``max_connections``, opened on first use) for both methods, whole and streamed."""
 
     def __init__(self, route: Route, *, route_id: str) -> None:
         assert route.upstream_model is not None  # config.Route requires it for gemini
@@ -68,14 +68,14 @@ class GeminiProvider:
         base = (route.base_url or DEFAULT_BASE_URL).rstrip("/") + f"/models/{self.model}"
         self._replay = _SKIP_SIGNATURE if _GEMINI_3.match(self.model) else None
         headers = _headers(route, route_id)
-        self._whole = _transport(route, base + ":generateContent", headers)
-        self._streamed = _transport(route, base + ":streamGenerateContent?alt=sse", headers)
+        self._transport = _transport(route, base + ":generateContent", headers)
+        self._stream_url = base + ":streamGenerateContent?alt=sse"
 
     async def complete(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         data = self._request(body, kind)
-        payload, headers = await self._whole.post(data, timeout=timeout)
+        payload, headers = await self._transport.post(data, timeout=timeout)
         try:
             resp = decode_response(payload)
             rid = resp.response_id or headers.get("x-request-id")
@@ -95,7 +95,7 @@ class GeminiProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         data = self._request(body, kind)
-        async with self._streamed.open(data, timeout=timeout) as resp:
+        async with self._transport.open(data, timeout=timeout, url=self._stream_url) as resp:
             payloads = aiter(iter_data(resp.content))
             first = await _first(payloads)
             rid = _response_id(first)
@@ -105,8 +105,7 @@ class GeminiProvider:
             yield rid, _events(translator, first, payloads)
 
     async def aclose(self) -> None:
-        await self._whole.aclose()
-        await self._streamed.aclose()
+        await self._transport.aclose()
 
     def _request(self, body: Mapping[str, Any], kind: RequestKind) -> bytes:
         """The Gemini body for the OpenAI body the lifecycle routed here: the route's

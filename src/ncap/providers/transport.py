@@ -39,7 +39,9 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 class HttpTransport:
-    """POST a JSON body to one URL, whole or streamed, over a session opened lazily."""
+    """POST a JSON body, whole or streamed, over one session (one connection pool of
+    ``max_connections``) opened lazily: to ``url``, or to another URL of the same
+    upstream (Gemini's whole and streamed methods share the route's pool)."""
 
     def __init__(
         self,
@@ -67,13 +69,16 @@ class HttpTransport:
             )
         return self._session
 
-    async def post(self, data: bytes, *, timeout: float) -> tuple[bytes, Mapping[str, str]]:
+    async def post(
+        self, data: bytes, *, timeout: float, url: str | None = None
+    ) -> tuple[bytes, Mapping[str, str]]:
         """The 200 answer's body and headers; any other status raises ``failure_of``'s."""
         client_timeout = aiohttp.ClientTimeout(
             total=timeout, connect=min(self._connect_timeout, timeout)
         )
         with mapped():
-            async with self._client().post(self.url, data=data, timeout=client_timeout) as resp:
+            target = url or self.url
+            async with self._client().post(target, data=data, timeout=client_timeout) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
                 with mapped(provider_request_id=self.request_id(resp.headers)):
@@ -83,7 +88,9 @@ class HttpTransport:
                 return payload, resp.headers
 
     @asynccontextmanager
-    async def open(self, data: bytes, *, timeout: float) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def open(
+        self, data: bytes, *, timeout: float, url: str | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A 200 response whose body is still to be read; closed on leaving the context
         (client disconnect included), which cancels the upstream request."""
         # total=None: a long stream is fine; the per-attempt timeout bounds the wait for
@@ -93,7 +100,7 @@ class HttpTransport:
         )
         with mapped():
             resp = await asyncio.wait_for(
-                self._client().post(self.url, data=data, timeout=client_timeout), timeout
+                self._client().post(url or self.url, data=data, timeout=client_timeout), timeout
             )
         try:
             if resp.status != 200:

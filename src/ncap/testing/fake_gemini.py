@@ -24,6 +24,9 @@ changes nothing here, since Gemini's usage always rides on the candidates' event
     ignore_candidates        one candidate whatever candidateCount says
     shuffled_candidates      candidates listed (and streamed) highest index first
     safety_candidate         the last candidate is blocked: no content, finishReason SAFETY
+    blocked_prompt[=REASON]  the prompt is blocked (a 200, or one stream event): no
+                             candidates, ``promptFeedback.blockReason`` REASON (default
+                             SAFETY) and ``usageMetadata`` with the prompt's count only
 
 ``x-fake-reasoning-tokens`` becomes ``thoughtsTokenCount`` and ``x-fake-cached-tokens``
 ``cachedContentTokenCount``. Run it in-process with ``running_fake_gemini()`` or as
@@ -59,7 +62,13 @@ __all__ = [
 ]
 
 GEMINI_PROFILES = frozenset(
-    {"refuse_candidates", "ignore_candidates", "shuffled_candidates", "safety_candidate"}
+    {
+        "refuse_candidates",
+        "ignore_candidates",
+        "shuffled_candidates",
+        "safety_candidate",
+        "blocked_prompt",
+    }
 )
 _MAX_CANDIDATES = 8  # Gemini 2.5's range: 1 (inclusive) to 9 (exclusive)
 _REQUEST_FIELDS = frozenset(
@@ -325,6 +334,18 @@ def _body(gen: _Generation, *, with_usage: bool) -> bytes:
     return _ENCODE(out)
 
 
+def _blocked(gen: _Generation, reason: str) -> bytes:
+    """A prompt Gemini blocked: no candidates, the feedback, the prompt's usage."""
+    usage = {"promptTokenCount": gen.prompt_tokens, "totalTokenCount": gen.prompt_tokens}
+    out = {
+        "promptFeedback": {"blockReason": reason},
+        "usageMetadata": usage,
+        "modelVersion": gen.model,
+        "responseId": gen.response_id,
+    }
+    return _ENCODE(out)
+
+
 def _events(gen: _Generation, *, with_usage: bool) -> Events:
     """One event per step carrying every candidate that moved: its next piece, and its
     finishReason with its last piece (a blocked candidate finishes at step 0)."""
@@ -417,6 +438,12 @@ async def _serve(
     if refusal is not None:
         return refusal
     gen = _generate(req, model, plan, rid)
+    if "blocked_prompt" in plan.names:
+        blocked = _blocked(gen, faults.values.get("blocked_prompt", "SAFETY"))
+        if stream:
+            event = Events([b"data: " + blocked + b"\r\n\r\n"], 0, 0)
+            return await _stream(request, state, plan, rid, event)
+        return await _answer(request, plan, rid, blocked)
     if stream:
         usage = plan.names.isdisjoint(("missing_usage", "stream_no_usage"))
         return await _stream(request, state, plan, rid, _events(gen, with_usage=usage))
