@@ -2,6 +2,8 @@
 on the event loop's own thread, a batch that meets another process's write lock waits
 in the writer thread without reordering later commits, and the writer thread
 checkpoints the WAL the inline connection never checkpoints itself."""
+# Also pinned: a job queued while a batch is in the thread waits behind it, then
+# commits inline (a busy moment must not leave every later batch in the thread).
 
 from __future__ import annotations
 
@@ -81,8 +83,10 @@ async def test_a_locked_file_waits_in_the_thread_and_keeps_the_order(tmp_path: P
         other.execute("UPDATE t SET v = 'other' WHERE i = 1")
         other.execute("COMMIT")
         ids = await asyncio.gather(first, second)
-        assert all(i != threading.get_ident() for i in ids)  # both went through the thread
-        assert await writer.run(_insert(4)) == threading.get_ident()  # then inline again
+        # the first waited in the thread; the second waited on the loop behind it and
+        # was then committed inline, after it
+        assert ids[0] != threading.get_ident() and ids[1] == threading.get_ident()
+        assert await writer.run(_insert(4)) == threading.get_ident()
     finally:
         other.close()
         await writer.close()

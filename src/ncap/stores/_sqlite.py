@@ -23,12 +23,13 @@ GIL behind a busy loop) it would otherwise cost. So at ``NORMAL`` (``inline``) t
 batch of a tick is committed on the event loop's thread itself, on a connection of
 its own that never waits for a lock (``busy_timeout = 0``) and never checkpoints. The
 writer thread stays, for what may wait: a batch that met a lock another process
-holds (the CLI, a second gateway on the same file) goes to it and waits there with
-the usual busy timeout, and every later batch follows it through the thread until it
-is done, so the order of commits never changes; and it checkpoints the WAL once a
-second when idle (``PASSIVE``: it never blocks the writer), the fsync of a checkpoint
-staying off the loop. At ``FULL`` every batch goes through the thread (its commit
-fsyncs).
+holds (the CLI, a heartbeat, a second gateway on the same file) goes to it and
+waits there with the usual busy timeout; what is queued meanwhile waits on the loop
+until that batch is back and is then committed inline again, so the order of commits
+never changes and one busy moment does not leave every later batch in the thread.
+And the thread checkpoints the WAL once a second when idle (``PASSIVE``: it never
+blocks the writer), the fsync of a checkpoint staying off the loop. At ``FULL``
+every batch goes through the thread (its commit fsyncs).
 
 Durability: WAL with ``synchronous=FULL`` fsyncs the WAL at every commit, so an
 acknowledged write survives power loss; ``NORMAL`` (the ledger's default, see
@@ -172,11 +173,16 @@ class SQLiteWriter:
         self._scheduled_on = None
         if not self._pending:
             return
+        if self.inline and self._in_thread:
+            return  # behind the batch in the thread: handed over when it is back
         batch, self._pending = self._pending, []
-        if self.inline and not self._in_thread and not self._closed:
+        if self.inline and not self._closed:
             live = [job for job in batch if not job.future.cancelled()]
             if not live or self._commit_here(live):
                 return
+        self._to_thread(batch)
+
+    def _to_thread(self, batch: list[_Job]) -> None:
         self._in_thread += 1
         self._queue.put(batch)
 
@@ -206,12 +212,16 @@ class SQLiteWriter:
         if counted:
             self._in_thread -= 1
         _resolve_all(jobs)
+        if counted and not self._in_thread:
+            self._hand_over()  # what queued meanwhile: inline again if the lock is free
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._hand_over()
+        if self._pending:  # last writes, in order behind any batch still in the thread
+            batch, self._pending = self._pending, []
+            self._to_thread(batch)
         self._queue.put(_STOP)
         await asyncio.to_thread(self._thread.join)
         if self._fast is not None:
