@@ -175,32 +175,76 @@ async def test_updates_in_one_batch_apply_as_each_would_alone() -> None:
             await store.close()
 
 
-async def test_a_batch_of_one_statement_opens_no_transaction(
+async def test_a_batch_is_one_statement_without_begin_or_commit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A lone append, and updates that set the same columns, are one statement each:
-    no BEGIN/COMMIT round trips; a batch of two statements is one transaction."""
+    """Appends and updates that all touch distinct keys are one statement, so no
+    BEGIN/COMMIT round trips; a key updated twice in a batch needs a transaction."""
     opened: list[int] = []
-    real = asyncpg.connection.Connection.transaction
+    batches: list[int] = []
+    real, real_batch = asyncpg.connection.Connection.transaction, pg._run_batch
 
     def counting(self: Any, *args: Any, **kw: Any) -> Any:
         opened.append(1)
         return real(self, *args, **kw)
+
+    async def batch_sizes(pool: Any, batch: list[Any]) -> Any:
+        batches.append(len(batch))
+        return await real_batch(pool, batch)
 
     async with pg_schema() as url:
         store = PostgresLedgerStore(url)
         try:
             await store.append(event("warm-up"))
             monkeypatch.setattr(asyncpg.connection.Connection, "transaction", counting)
+            monkeypatch.setattr(pg, "_run_batch", batch_sizes)
             await store.append(event("x"))
             await store.append(event("y"))
             await asyncio.gather(
                 store.update("x", 0, state="settled", cost_micros=1),
                 store.update("y", 0, state="settled", cost_micros=2),
             )
-            assert opened == []
-            await asyncio.gather(store.append(event("z")), store.update("x", 0, latency_ms=2.0))
+            mixed = await asyncio.gather(
+                store.append(event("z")),
+                store.append(event("warm-up")),  # a duplicate, refused inside the statement
+                store.update("x", 0, latency_ms=2.0),
+                store.update("y", 0, state="pending", input_tokens=3),
+                store.update("nobody", 0, latency_ms=1.0),
+                return_exceptions=True,
+            )
+            assert opened == [] and batches == [1, 1, 2, 5]
+            assert [type(r).__name__ for r in mixed] == [
+                "NoneType",
+                "DuplicateAttempt",
+                "NoneType",
+                "NoneType",
+                "KeyError",
+            ]
+            await asyncio.gather(
+                store.update("z", 0, cost_micros=4), store.update("z", 0, cost_micros=5)
+            )
             assert opened == [1]
-            assert [(await store.get(r))[0].cost_micros for r in "xy"] == [1, 2]
+            x, y, z = [(await store.get(r))[0] for r in "xyz"]
+            assert (x.cost_micros, x.latency_ms, x.state) == (1, 2.0, "settled")
+            assert (y.cost_micros, y.input_tokens, y.state) == (2, 3, "pending")
+            assert z.cost_micros == 5
+        finally:
+            await store.close()
+
+
+async def test_a_row_appended_and_updated_in_one_batch_gets_its_update() -> None:
+    """Inside one statement an update cannot see a row the same statement inserts:
+    such a batch runs statement by statement (the row is updated, not 'missing')."""
+    async with pg_schema() as url:
+        store = PostgresLedgerStore(url)
+        try:
+            await store.append(event("warm-up"))
+            results = await asyncio.gather(
+                store.append(event("fresh")),
+                store.update("fresh", 0, state="settled", cost_micros=9),
+                return_exceptions=True,
+            )
+            assert results == [None, None]
+            assert (await store.get("fresh"))[0].cost_micros == 9
         finally:
             await store.close()

@@ -1,17 +1,17 @@
 """The shared ledger on PostgreSQL: the same columns and semantics as the SQLite one.
 
 GROUP COMMIT, as in SQLite: callers queue their writes and await a future; one writer
-task takes everything queued, runs it in one transaction — all queued appends as one
-multi-row ``INSERT … SELECT FROM unnest(…)``, then the updates, those that set the same
-columns as one ``UPDATE … FROM unnest(…)`` — commits once, and only then resolves the
-futures. A batch that is one statement (the usual case at low concurrency: one append,
-or the settlements of one tick) runs without ``BEGIN``/``COMMIT``: a single statement
-is its own transaction, committed before its answer arrives, at one round trip instead
-of three. An acknowledged ``append`` is therefore committed before the attempt is
-dispatched, while the hot path pays one commit per batch rather than per request. If a
-batch fails for a reason other than the connection, each of its writes is retried
-alone, so one bad write fails alone; a connection failure fails the batch with
-``StoreUnavailable``.
+task takes everything queued and runs it as one transaction — all queued appends as
+one multi-row ``INSERT … SELECT FROM unnest(…)``, the updates that set the same columns
+as one ``UPDATE … FROM unnest(…)`` — and only after the commit resolves the futures.
+That transaction is normally one statement (the insert and updates joined as
+data-modifying ``WITH`` queries), sent without ``BEGIN``/``COMMIT``: one statement is
+atomic and committed before its answer comes back, so a batch costs one round trip,
+not three or more. An acknowledged ``append`` is therefore committed before the
+attempt is dispatched, while the hot path pays one commit per batch rather than per
+request. If a batch fails for a reason other than the connection, each of its writes
+is retried alone, so one bad write fails alone; a connection failure fails the batch
+with ``StoreUnavailable``.
 
 How durable a commit is follows ``stores.ledger_durability``, as on SQLite: ``normal``
 (the default) runs the ledger's connections at ``synchronous_commit = off`` — a
@@ -85,11 +85,12 @@ _TYPES: dict[str, str] = {
 _SYNCHRONOUS: dict[LedgerDurability, str | None] = {"normal": "off", "full": None}
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
 _SELECT = f"SELECT {_COLUMNS} FROM ledger_events"
-_INSERT = (
+_INSERT_ROWS = (
     f"INSERT INTO ledger_events ({_COLUMNS}) SELECT * FROM unnest("
     + ", ".join(f"${i}::{_TYPES.get(c, 'text')}[]" for i, c in enumerate(LEDGER_COLUMNS, 1))
-    + ") ON CONFLICT (request_id, attempt) DO NOTHING RETURNING request_id, attempt"
+    + ") ON CONFLICT (request_id, attempt) DO NOTHING RETURNING 0, request_id, attempt"
 )
+_INSERT = _INSERT_ROWS.replace("RETURNING 0, ", "RETURNING ")
 
 
 @dataclass(slots=True)
@@ -248,65 +249,84 @@ class PostgresLedgerStore:
 
 
 async def _run_batch(pool: asyncpg.Pool, batch: list[_Write]) -> list[BaseException | None]:
-    """One transaction: every append in one statement, then the updates (one statement
-    per set of columns when no key is updated twice). One statement runs alone: it is
-    atomic by itself, and ``BEGIN``/``COMMIT`` would be two more round trips."""
+    """The batch in one transaction. Usually that is one statement, so one round trip
+    with no ``BEGIN``/``COMMIT`` (a statement is atomic by itself): every append in one
+    ``INSERT``, the updates by the columns they set, each set one ``UPDATE``, joined
+    as data-modifying ``WITH`` queries. A key updated twice, or appended and updated in
+    the same batch, would not see its own earlier write inside one statement: such a
+    batch runs statement by statement in an explicit transaction."""
     outcomes: list[BaseException | None] = [None] * len(batch)
     appends = [i for i, w in enumerate(batch) if w.kind == "append"]
     updates = [i for i, w in enumerate(batch) if w.kind == "update"]
-    groups = _update_groups(batch, updates)
-    statements = (1 if appends else 0) + (len(groups) if groups is not None else len(updates))
+    groups = _update_groups(batch, appends, updates)
     async with pool.acquire() as conn:
-        if statements == 1:
-            await _apply(conn, batch, appends, updates, groups, outcomes)
+        if groups is not None:
+            await _in_one_statement(conn, batch, appends, groups, outcomes)
         else:
             async with conn.transaction():
-                await _apply(conn, batch, appends, updates, groups, outcomes)
+                await _one_by_one(conn, batch, appends, updates, outcomes)
     return outcomes
 
 
-async def _apply(
+async def _in_one_statement(
+    conn: Conn,
+    batch: list[_Write],
+    appends: list[int],
+    groups: dict[tuple[str, ...], list[int]],
+    outcomes: list[BaseException | None],
+) -> None:
+    args: list[Any] = []
+    if appends:
+        args += zip(*(batch[i].values for i in appends), strict=True)
+    for names, members in groups.items():
+        args += ([batch[i].key[0] for i in members], [batch[i].key[1] for i in members])
+        args += ([batch[i].values[n] for i in members] for n in names)
+    rows = await conn.fetch(_statement(bool(appends), tuple(groups)), *args)
+    written = {(r[1], r[2]) for r in rows if r[0] == 0}
+    updated = {(r[1], r[2]) for r in rows if r[0] == 1}
+    _duplicates(batch, appends, written, outcomes)
+    for members in groups.values():
+        for i in members:
+            if batch[i].key not in updated:
+                outcomes[i] = _no_row(batch[i].key)
+
+
+async def _one_by_one(
     conn: Conn,
     batch: list[_Write],
     appends: list[int],
     updates: list[int],
-    groups: dict[tuple[str, ...], list[int]] | None,
     outcomes: list[BaseException | None],
 ) -> None:
     if appends:
         columns = list(zip(*(batch[i].values for i in appends), strict=True))
         written = {(r[0], r[1]) for r in await conn.fetch(_INSERT, *columns)}
-        for i in appends:
-            key = batch[i].key
-            if key in written:
-                written.discard(key)  # a second append of the same key in a batch
-            else:
-                outcomes[i] = DuplicateAttempt(*key)
-    if groups is None:  # a key updated twice: each in order
-        for i in updates:
-            outcomes[i] = await _update(conn, batch[i])
-        return
-    for names, members in groups.items():
-        keys = [batch[i].key for i in members]
-        values = [[batch[i].values[n] for i in members] for n in names]
-        found = {
-            (r[0], r[1])
-            for r in await conn.fetch(
-                _update_many(names), [k[0] for k in keys], [k[1] for k in keys], *values
-            )
-        }
-        for i, key in zip(members, keys, strict=True):
-            if key not in found:
-                outcomes[i] = _no_row(key)
+        _duplicates(batch, appends, written, outcomes)
+    for i in updates:
+        outcomes[i] = await _update(conn, batch[i])
+
+
+def _duplicates(
+    batch: list[_Write],
+    appends: list[int],
+    written: set[tuple[str, int]],
+    outcomes: list[BaseException | None],
+) -> None:
+    for i in appends:
+        key = batch[i].key
+        if key in written:
+            written.discard(key)  # a second append of the same key in a batch
+        else:
+            outcomes[i] = DuplicateAttempt(*key)
 
 
 def _update_groups(
-    batch: list[_Write], updates: list[int]
+    batch: list[_Write], appends: list[int], updates: list[int]
 ) -> dict[tuple[str, ...], list[int]] | None:
-    """The updates by the columns they set, or None when a key is updated twice (then
-    they run one by one, in order, so the last one wins as it would alone)."""
+    """The updates by the columns they set; None when one statement cannot hold the
+    batch (a key updated twice, or updated in the batch that appends it)."""
     groups: dict[tuple[str, ...], list[int]] = {}
-    keys: set[tuple[str, int]] = set()
+    keys = {batch[i].key for i in appends}
     for i in updates:
         write = batch[i]
         if write.key in keys:
@@ -317,17 +337,34 @@ def _update_groups(
 
 
 @lru_cache(maxsize=64)
-def _update_many(names: tuple[str, ...]) -> str:
+def _statement(appends: bool, groups: tuple[tuple[str, ...], ...]) -> str:
+    """The batch's one statement; its rows are (0 appended | 1 updated, request_id, attempt)."""
+    parts: list[str] = []
+    n = 1
+    if appends:
+        parts.append(_INSERT_ROWS)
+        n += len(LEDGER_COLUMNS)
+    for names in groups:
+        parts.append(_update_many(names, n))
+        n += 2 + len(names)
+    if len(parts) == 1:
+        return parts[0]
+    ctes = ", ".join(f"w{j} AS ({sql})" for j, sql in enumerate(parts))
+    union = " UNION ALL ".join(f"SELECT * FROM w{j}" for j in range(len(parts)))
+    return f"WITH {ctes} {union}"
+
+
+def _update_many(names: tuple[str, ...], first: int) -> str:
     """``UPDATE … FROM unnest(…)``: each row of the arrays updates its (request_id, attempt)."""
     columns = ("request_id", "attempt", *names)
     types = ("text", "int4", *(_TYPES.get(n, "text") for n in names))
-    arrays = ", ".join(f"${i}::{t}[]" for i, t in enumerate(types, 1))
+    arrays = ", ".join(f"${i}::{t}[]" for i, t in enumerate(types, first))
     aliases = ", ".join(f'"{c}"' for c in columns)
     assignments = ", ".join(f'"{n}" = v."{n}"' for n in names)
     return (
         f"UPDATE ledger_events AS l SET {assignments} FROM unnest({arrays}) AS v({aliases})"
         " WHERE l.request_id = v.request_id AND l.attempt = v.attempt"
-        " RETURNING l.request_id, l.attempt"
+        " RETURNING 1, l.request_id, l.attempt"
     )
 
 
