@@ -163,3 +163,21 @@ async def test_a_failing_call_fails_alone_in_its_pipeline() -> None:
             assert (await store.usage("w")).in_flight == 3
         finally:
             await store.close()
+
+
+async def test_a_sender_cancelled_before_it_ran_does_not_stall_later_calls() -> None:
+    async with redis_prefix() as url:
+        store = RedisBudgetStore(url)
+        calls = store._calls
+        try:
+            await store.usage("w")
+            waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            calls._queue.append((store._base("w"), ("usage", "", ""), waiting))
+            calls._send_later()
+            assert calls._sender is not None
+            calls._sender.cancel()  # before its first step
+            usage = await asyncio.wait_for(waiting, 5)  # another sender took it
+            assert int(usage[-1]) == 0
+            assert (await asyncio.wait_for(store.usage("w"), 5)).in_flight == 0
+        finally:
+            await store.close()

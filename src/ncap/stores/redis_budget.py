@@ -338,21 +338,26 @@ class _Pipelined:
         if self._queue and not self._in_flight:
             self._in_flight = True
             self._sender = asyncio.create_task(self._send_queued())
+            self._sender.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        """The sender ended (drained, or cancelled even before it ran): the next call may
+        go at once, and calls still queued get a sender of their own."""
+        if not task.cancelled():
+            task.exception()  # retrieved: _resolve already gave it to the callers
+        self._in_flight = False
+        self._send_later()
 
     async def drain(self) -> None:
         while self._sender is not None and not self._sender.done():
             await asyncio.gather(self._sender, return_exceptions=True)
 
     async def _send_queued(self) -> None:
-        try:
-            while self._queue:
-                batch = [c for c in self._queue[: self._max_batch] if not c[2].done()]
-                del self._queue[: self._max_batch]
-                if batch:
-                    await self._resolve(batch)
-        finally:
-            self._in_flight = False
-            self._send_later()  # only if cancelled with calls still queued
+        while self._queue:
+            batch = [c for c in self._queue[: self._max_batch] if not c[2].done()]
+            del self._queue[: self._max_batch]
+            if batch:
+                await self._resolve(batch)
 
     async def _resolve(self, batch: list[tuple[str, tuple[Any, ...], asyncio.Future[Any]]]) -> None:
         try:
