@@ -10,6 +10,7 @@ import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -190,3 +191,29 @@ def test_reconcile_list_never_cuts_ids(tmp_path: Path) -> None:
         env={"COLUMNS": "80"},
     )
     assert table.exit_code == 0 and LONG_ID in table.stdout
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_reconcile_import_writes_at_the_configured_ledger_durability(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str
+) -> None:
+    import ncap.cli.ledger as cli_ledger
+
+    seen: list[str] = []
+    real = cli_ledger.ledger_from_url
+
+    def recording(url: str, **kw: Any) -> Any:
+        seen.append(kw.get("durability", "normal"))
+        return real(url, **kw)
+
+    monkeypatch.setattr(cli_ledger, "ledger_from_url", recording)
+    cfg = _config(tmp_path)
+    cfg.write_text(
+        cfg.read_text().replace("stores: {", f"stores: {{ledger_durability: {durability}, ")
+    )
+    _seed(tmp_path)
+    rows = tmp_path / "usage.jsonl"
+    rows.write_text('{"provider_request_id": "prov-a", "input_tokens": 1, "output_tokens": 1}\n')
+    code, summary, _ = _import(cfg, rows)
+    assert code == 0 and summary["unmatched"] == []
+    assert seen == [durability]

@@ -1,5 +1,6 @@
 """What the PostgreSQL ledger adds to the contract: group commit, duplicates that fail
-alone, failing closed while the server is away, and resuming by itself."""
+alone, batched updates, ``ledger_durability`` as ``synchronous_commit``, failing closed
+while the server is away, and resuming by itself."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import pytest
 
 import ncap.stores.postgres_ledger as pg
 from ncap.errors import StoreUnavailable
-from ncap.stores import DuplicateAttempt, PostgresLedgerStore
+from ncap.stores import DuplicateAttempt, PostgresLedgerStore, ledger_from_url
 from tests.servers import free_port, tcp_proxy
 from tests.services import PG_URL, pg_schema
 from tests.stores.test_sqlite_ledger import event
@@ -86,3 +88,163 @@ async def test_unreachable_postgres_fails_closed_and_resumes_by_itself() -> None
                 assert [e.request_id async for e in store.export()] == ["after", "before"]
             finally:
                 await store.close()
+
+
+async def _server_default(url: str) -> str:
+    conn = await asyncpg.connect(url.split("?")[0])
+    try:
+        return str(await conn.fetchval("SHOW synchronous_commit"))
+    finally:
+        await conn.close()
+
+
+async def _settings_of(store: PostgresLedgerStore, rounds: int = 3) -> set[str]:
+    """synchronous_commit on the ledger's own pooled connections, after they wrote and
+    went back to the pool (several at once, so more than one connection is asked)."""
+    seen: set[str] = set()
+    for r in range(rounds):
+        await asyncio.gather(*(store.append(event(f"s{r}-{i}")) for i in range(8)))
+        pool = await store.pool.get()
+        conns = [await pool.acquire() for _ in range(3)]
+        try:
+            seen |= {str(await c.fetchval("SHOW synchronous_commit")) for c in conns}
+        finally:
+            for c in conns:
+                await pool.release(c)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("durability", "query", "expected"),
+    [
+        ("normal", "", "off"),  # the default, as SQLite's synchronous=NORMAL
+        ("full", "", None),  # the server's own setting (on, unless configured otherwise)
+        ("normal", "&synchronous_commit=local", "local"),  # the URL's own wins
+    ],
+)
+async def test_ledger_durability_sets_synchronous_commit_on_the_ledgers_connections(
+    durability: Any, query: str, expected: str | None
+) -> None:
+    async with pg_schema() as url:
+        store = ledger_from_url(url + query, durability=durability)
+        assert isinstance(store, PostgresLedgerStore)
+        try:
+            want = expected if expected is not None else await _server_default(url)
+            assert await _settings_of(store) == {want}
+        finally:
+            await store.close()
+
+
+async def test_updates_in_one_batch_apply_as_each_would_alone() -> None:
+    """Updates batched by the columns they set: each row gets its own values, a missing
+    row fails alone, and a key updated twice in one batch ends with the later values."""
+    async with pg_schema() as url:
+        store = PostgresLedgerStore(url)
+        try:
+            for rid in ("a", "b", "c", "d"):
+                await store.append(event(rid))
+            results = await asyncio.gather(
+                store.update("a", 0, state="settled", cost_micros=10, input_tokens=1),
+                store.update("b", 0, state="settled", cost_micros=20, input_tokens=2),
+                store.update("missing", 0, state="settled", cost_micros=1, input_tokens=1),
+                store.update("c", 0, state="pending", finish_reasons=["stop", "length"]),
+                store.append(event("e")),
+                return_exceptions=True,
+            )
+            assert [r is None for r in results] == [True, True, False, True, True]
+            assert isinstance(results[2], KeyError)
+            twice = await asyncio.gather(
+                store.update("d", 0, state="pending", cost_micros=5),
+                store.update("d", 0, state="settled", cost_micros=7),
+                store.update("a", 0, latency_ms=1.5),
+            )
+            assert twice == [None, None, None]
+            rows = {r: (await store.get(r))[0] for r in ("a", "b", "c", "d", "e")}
+            assert (rows["a"].state, rows["a"].cost_micros, rows["a"].input_tokens) == (
+                "settled",
+                10,
+                1,
+            )
+            assert rows["a"].latency_ms == 1.5
+            assert (rows["b"].cost_micros, rows["b"].input_tokens) == (20, 2)
+            assert (rows["c"].state, rows["c"].finish_reasons) == ("pending", ["stop", "length"])
+            assert rows["c"].cost_micros is None
+            assert (rows["d"].state, rows["d"].cost_micros) == ("settled", 7)
+            assert rows["e"].state == event("e").state
+        finally:
+            await store.close()
+
+
+async def test_a_batch_is_one_statement_without_begin_or_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Appends and updates that all touch distinct keys are one statement, so no
+    BEGIN/COMMIT round trips; a key updated twice in a batch needs a transaction."""
+    opened: list[int] = []
+    batches: list[int] = []
+    real, real_batch = asyncpg.connection.Connection.transaction, pg._run_batch
+
+    def counting(self: Any, *args: Any, **kw: Any) -> Any:
+        opened.append(1)
+        return real(self, *args, **kw)
+
+    async def batch_sizes(pool: Any, batch: list[Any]) -> Any:
+        batches.append(len(batch))
+        return await real_batch(pool, batch)
+
+    async with pg_schema() as url:
+        store = PostgresLedgerStore(url)
+        try:
+            await store.append(event("warm-up"))
+            monkeypatch.setattr(asyncpg.connection.Connection, "transaction", counting)
+            monkeypatch.setattr(pg, "_run_batch", batch_sizes)
+            await store.append(event("x"))
+            await store.append(event("y"))
+            await asyncio.gather(
+                store.update("x", 0, state="settled", cost_micros=1),
+                store.update("y", 0, state="settled", cost_micros=2),
+            )
+            mixed = await asyncio.gather(
+                store.append(event("z")),
+                store.append(event("warm-up")),  # a duplicate, refused inside the statement
+                store.update("x", 0, latency_ms=2.0),
+                store.update("y", 0, state="pending", input_tokens=3),
+                store.update("nobody", 0, latency_ms=1.0),
+                return_exceptions=True,
+            )
+            assert opened == [] and batches == [1, 1, 2, 5]
+            assert [type(r).__name__ for r in mixed] == [
+                "NoneType",
+                "DuplicateAttempt",
+                "NoneType",
+                "NoneType",
+                "KeyError",
+            ]
+            await asyncio.gather(
+                store.update("z", 0, cost_micros=4), store.update("z", 0, cost_micros=5)
+            )
+            assert opened == [1]
+            x, y, z = [(await store.get(r))[0] for r in "xyz"]
+            assert (x.cost_micros, x.latency_ms, x.state) == (1, 2.0, "settled")
+            assert (y.cost_micros, y.input_tokens, y.state) == (2, 3, "pending")
+            assert z.cost_micros == 5
+        finally:
+            await store.close()
+
+
+async def test_a_row_appended_and_updated_in_one_batch_gets_its_update() -> None:
+    """Inside one statement an update cannot see a row the same statement inserts:
+    such a batch runs statement by statement (the row is updated, not 'missing')."""
+    async with pg_schema() as url:
+        store = PostgresLedgerStore(url)
+        try:
+            await store.append(event("warm-up"))
+            results = await asyncio.gather(
+                store.append(event("fresh")),
+                store.update("fresh", 0, state="settled", cost_micros=9),
+                return_exceptions=True,
+            )
+            assert results == [None, None]
+            assert (await store.get("fresh"))[0].cost_micros == 9
+        finally:
+            await store.close()

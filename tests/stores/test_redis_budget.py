@@ -1,13 +1,16 @@
 """What the Redis budget store adds to the contract: the script by SHA, server time,
-expiring hash-tagged keys, and failing closed while Redis is away."""
+expiring hash-tagged keys, pipelined calls, and failing closed while Redis is away."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+import ncap.stores.redis_budget as rb
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.errors import StoreUnavailable
 from ncap.stores import RedisBudgetStore
@@ -81,5 +84,100 @@ async def test_unreachable_redis_fails_closed_and_recovers_by_itself(tmp_path: P
             server.start()  # an empty Redis: the script is reloaded on NOSCRIPT
             hold = await store.reserve("w", WINDOWS, Amounts(1, 1))
             assert await store.release(hold)
+        finally:
+            await store.close()
+
+
+async def test_calls_made_while_one_is_in_flight_share_the_next_pipeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sizes: list[int] = []
+    real = rb._Pipelined._pipeline
+
+    async def counting(self: Any, calls: list[Any]) -> Any:
+        sizes.append(len(calls))
+        return await real(self, calls)
+
+    monkeypatch.setattr(rb._Pipelined, "_pipeline", counting)
+    many = BudgetWindows(usd_per_day_micros=10**9, max_concurrency=1000)
+    async with redis_prefix() as url:
+        store = RedisBudgetStore(url)
+        try:
+            await store.reserve("w", many, Amounts(1, 1))  # alone: sent at once, by itself
+            assert sizes == []
+            holds = await asyncio.gather(
+                *(store.reserve("w", many, Amounts(1, 1)) for _ in range(60))
+            )
+            # the first goes by itself; the rest wait for it and go in a few pipelines
+            assert sum(sizes) == 59 and len(sizes) < 10, sizes
+            assert len({h.hold_id for h in holds}) == 60
+            assert (await store.usage("w")).in_flight == 61
+            settled = await asyncio.gather(*(store.settle(h, 0, 0) for h in holds))
+            assert settled == [True] * 60
+            assert (await store.usage("w")).in_flight == 1
+        finally:
+            await store.close()
+
+
+async def test_noscript_in_a_pipeline_reloads_once_and_runs_each_call_once() -> None:
+    many = BudgetWindows(usd_per_day_micros=10**9, max_concurrency=1000)
+    async with redis_prefix() as url:
+        store = RedisBudgetStore(url)
+        client = aioredis.Redis.from_url(REDIS_URL)
+        try:
+            await store.reserve("w", many, Amounts(1, 1))
+            await client.script_flush()
+            loop = asyncio.get_running_loop()
+            batch = [
+                (
+                    store._base("w"),
+                    tuple(store._reserve_args("w", many, Amounts(1, 1), None, None, f"h{i}")),
+                    loop.create_future(),
+                )
+                for i in range(5)
+            ]
+            await store._calls._resolve(batch)  # one pipeline: every call meets NOSCRIPT
+            assert [int(f.result()[0]) for _, _, f in batch] == [1] * 5
+            assert (await client.script_exists(store._script.sha)) == [True]
+            assert (await store.usage("w")).in_flight == 6
+        finally:
+            await store.close()
+            await client.aclose()
+
+
+async def test_a_failing_call_fails_alone_in_its_pipeline() -> None:
+    many = BudgetWindows(usd_per_day_micros=10**9, max_concurrency=1000)
+    async with redis_prefix() as url:
+        store = RedisBudgetStore(url)
+        try:
+            await store.reserve("w", many, Amounts(1, 1))
+            results = await asyncio.gather(
+                store.reserve("w", many, Amounts(1, 1)),
+                store._call("w", "no-such-op"),  # the script refuses it
+                store.reserve("w", many, Amounts(1, 1)),
+                return_exceptions=True,
+            )
+            assert isinstance(results[1], StoreUnavailable)
+            assert not isinstance(results[0], BaseException)
+            assert not isinstance(results[2], BaseException)
+            assert (await store.usage("w")).in_flight == 3
+        finally:
+            await store.close()
+
+
+async def test_a_sender_cancelled_before_it_ran_does_not_stall_later_calls() -> None:
+    async with redis_prefix() as url:
+        store = RedisBudgetStore(url)
+        calls = store._calls
+        try:
+            await store.usage("w")
+            waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            calls._queue.append((store._base("w"), ("usage", "", ""), waiting))
+            calls._send_later()
+            assert calls._sender is not None
+            calls._sender.cancel()  # before its first step
+            usage = await asyncio.wait_for(waiting, 5)  # another sender took it
+            assert int(usage[-1]) == 0
+            assert (await asyncio.wait_for(store.usage("w"), 5)).in_flight == 0
         finally:
             await store.close()

@@ -270,7 +270,9 @@ def _attention(summary: dict[str, Any], total: int) -> list[str]:
 
 
 async def _import(cfg: Config, rows: list[ReconciliationRow]) -> dict[str, Any]:
-    ledger = ledger_from_url(cfg.stores.ledger)
+    # the import writes: at the configured durability (SQLite synchronous, PostgreSQL
+    # synchronous_commit), as the gateway's own writes
+    ledger = ledger_from_url(cfg.stores.ledger, durability=cfg.stores.ledger_durability)
     budgets = budgets_from_url(cfg.stores.budgets)
     try:
         pricing = {rid: route.pricing for rid, route in cfg.routes.items()}

@@ -6,7 +6,10 @@
 ``sqlite:///rel/path``   a file relative to the working directory (parent created)
 ``sqlite:////abs/path``  an absolute path; the ledger's ``synchronous`` level follows
                          ``stores.ledger_durability`` (``?synchronous=`` overrides it)
-``postgresql://…``       ledger shared by every replica; ``?schema=name`` picks a schema
+``postgresql://…``       ledger shared by every replica; ``?schema=name`` picks a schema;
+                         ``stores.ledger_durability`` sets ``synchronous_commit``
+                         (``normal``: off; ``full``: the server's), as does
+                         ``?synchronous_commit=`` (which overrides it)
 ``redis://…``            budgets shared by every replica (``quota_scope=global``);
                          ``?prefix=name`` namespaces the keys
 """
@@ -94,7 +97,7 @@ def ledger_from_url(url: str, *, durability: LedgerDurability = "normal") -> Led
         path, synchronous = sqlite_target(url, default=_SYNCHRONOUS[durability])
         return SQLiteLedgerStore(path, synchronous=synchronous)
     if scheme in ("postgresql", "postgres"):
-        return PostgresLedgerStore(_checked(url, "ledger"))
+        return PostgresLedgerStore(_checked(url, "ledger"), durability=durability)
     raise _unsupported(url, "ledger")
 
 

@@ -5,6 +5,14 @@ puts every table in that schema (created if missing); tests use one schema each.
 The pool opens on first use and migrates under an advisory lock, so N gateways
 starting together apply each revision once. A pool that cannot connect raises
 ``StoreUnavailable`` and is retried on the next call: service resumes by itself.
+
+``synchronous_commit`` (the ledger's ``stores.ledger_durability``: ``normal`` is ``off``,
+``full`` leaves the server's own setting) is a start-up parameter of every pooled
+connection, so it is the session's default and no statement can lose it. A
+``?synchronous_commit=`` in the URL wins over it. Connections go back to the pool
+without asyncpg's reset query (``RESET ALL``, ``UNLISTEN *``, …: one more round trip
+per use): nothing here changes session state (no ``SET``, ``LISTEN``, session advisory
+lock or cursor), and an open transaction is still rolled back by asyncpg itself.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import contextlib
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -81,8 +89,12 @@ class PostgresPool:
         max_size: int = 8,
         connect_timeout_s: float = 2.0,
         command_timeout_s: float = 10.0,
+        synchronous_commit: str | None = None,
     ) -> None:
         self.dsn, self.schema = postgres_target(url)
+        if "synchronous_commit" in parse_qs(urlsplit(self.dsn).query):
+            synchronous_commit = None  # the URL's own (asyncpg passes it as a setting)
+        self.synchronous_commit = synchronous_commit
         self._store = store
         self._max_size = max_size
         self._connect_timeout_s = connect_timeout_s
@@ -106,9 +118,11 @@ class PostgresPool:
             self.dsn, timeout=self._connect_timeout_s, server_settings=settings
         )
         try:
-            self.version = await migrate(conn, self.schema)
+            self.version = await migrate(conn, self.schema)  # at the server's durability
         finally:
             await conn.close()
+        if self.synchronous_commit is not None:
+            settings["synchronous_commit"] = self.synchronous_commit
         pool = await asyncpg.create_pool(
             self.dsn,
             min_size=1,
@@ -116,6 +130,7 @@ class PostgresPool:
             timeout=self._connect_timeout_s,
             command_timeout=self._command_timeout_s,
             server_settings=settings,
+            reset=_keep_session,
         )
         assert pool is not None
         return pool
@@ -135,3 +150,7 @@ class PostgresPool:
             pool, self._pool = self._pool, None
             with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                 await asyncio.wait_for(pool.close(), 5)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A released connection keeps its session as is (module docstring)."""

@@ -4,8 +4,15 @@ Two-phase, as every budget store (``ncap.domain.budget``): the caller estimates
 conservatively, ``reserve`` admits the whole reservation against *every* window in one
 call of a versioned Lua script (``lua/budgets_v1.lua``) or changes nothing, and
 ``settle`` replaces it by actual usage (``keep``: usage pending, amounts stay held;
-``release``: never dispatched). The script is loaded once and called by SHA; redis-py
-reloads it when the server answers NOSCRIPT (a restart or SCRIPT FLUSH).
+``release``: never dispatched). The script is loaded once and called by SHA, and
+reloaded when the server answers NOSCRIPT (a restart or SCRIPT FLUSH).
+
+Calls are pipelined the way the ledgers group their commits: a call made while none
+is in flight goes out at once, by itself; calls made while one is in flight wait for
+it and go together as the next pipeline (one round trip, one pool checkout; each
+``EVALSHA`` is still atomic on its own, and they run in the order they were made).
+Under load a call costs about a quarter of the client CPU of a call per round trip;
+alone, it waits for nothing.
 
 The script only does bucket arithmetic. On a refusal it returns the counters it
 checked and the server's time, and ``admit`` (the same rule the other backends apply)
@@ -33,7 +40,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import uuid4
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, RedisError
 
 from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
 from ncap.errors import StoreUnavailable
@@ -116,6 +124,7 @@ class RedisBudgetStore:
         )
         self._redis = aioredis.Redis(connection_pool=pool)
         self._script = self._redis.register_script(_script_source())
+        self._calls = _Pipelined(self._redis, self._script)
         self._workloads_key = f"{self.prefix}:{KEY_SCHEMA}:workloads"
         self._known: set[str] = set()
         self._orphans: set[asyncio.Task[Any]] = set()
@@ -134,8 +143,7 @@ class RedisBudgetStore:
         return f"{self.prefix}:{KEY_SCHEMA}:{{{tag}}}"
 
     async def _call(self, workload_id: str, *args: Any) -> Any:
-        with mapped_redis():
-            return await self._script(keys=[self._base(workload_id)], args=list(args))
+        return await self._calls(self._base(workload_id), args)
 
     def _now_arg(self, now: datetime | None) -> str:
         if now is None and self._clock is not None:
@@ -286,6 +294,7 @@ class RedisBudgetStore:
     async def close(self) -> None:
         if self._orphans:
             await asyncio.gather(*self._orphans, return_exceptions=True)
+        await self._calls.drain()
         with contextlib.suppress(RedisError, OSError):
             await self._redis.aclose()
 
@@ -299,6 +308,101 @@ class RedisBudgetStore:
         orphan = asyncio.ensure_future(self._call(workload_id, "release", hold_id))
         self._orphans.add(orphan)
         orphan.add_done_callback(self._orphans.discard)
+
+
+class _Pipelined:
+    """Calls of one script, pipelined while a round trip is in flight (module doc)."""
+
+    def __init__(self, redis: aioredis.Redis, script: AsyncScript, max_batch: int = 256) -> None:
+        self._redis = redis
+        self._script = script
+        self._max_batch = max_batch
+        self._queue: list[tuple[str, tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._in_flight = False
+        self._sender: asyncio.Task[None] | None = None
+
+    async def __call__(self, key: str, args: tuple[Any, ...]) -> Any:
+        if not self._in_flight:  # nothing to wait for: this call goes now, by itself
+            self._in_flight = True
+            try:
+                with mapped_redis():
+                    return await self._script(keys=[key], args=args)
+            finally:
+                self._in_flight = False
+                self._send_later()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((key, args, future))
+        return await future  # a caller cancelled before its pipeline is sent sends nothing
+
+    def _send_later(self) -> None:
+        if self._queue and not self._in_flight:
+            self._in_flight = True
+            self._sender = asyncio.create_task(self._send_queued())
+            self._sender.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        """The sender ended (drained, or cancelled even before it ran): the next call may
+        go at once, and calls still queued get a sender of their own."""
+        if not task.cancelled():
+            task.exception()  # retrieved: _resolve already gave it to the callers
+        self._in_flight = False
+        self._send_later()
+
+    async def drain(self) -> None:
+        while self._sender is not None and not self._sender.done():
+            await asyncio.gather(self._sender, return_exceptions=True)
+
+    async def _send_queued(self) -> None:
+        while self._queue:
+            batch = [c for c in self._queue[: self._max_batch] if not c[2].done()]
+            del self._queue[: self._max_batch]
+            if batch:
+                await self._resolve(batch)
+
+    async def _resolve(self, batch: list[tuple[str, tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        try:
+            results = await self._send(batch)
+        except (RedisError, OSError) as exc:
+            results = [exc] * len(batch)
+        except BaseException as exc:  # cancelled: never leave a caller waiting
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(_unavailable(exc))
+            raise
+        for (_, _, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, RedisError | OSError):
+                future.set_exception(_unavailable(result))
+            elif isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def _send(
+        self, batch: list[tuple[str, tuple[Any, ...], asyncio.Future[Any]]]
+    ) -> list[Any]:
+        """One pipeline; the calls that met NOSCRIPT (nothing ran) again once it is loaded."""
+        results = await self._pipeline([(key, args) for key, args, _ in batch])
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            await self._redis.script_load(self._script.script)
+            again = await self._pipeline([(batch[i][0], batch[i][1]) for i in missing])
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        return results
+
+    async def _pipeline(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for key, args in calls:
+            pipe.evalsha(self._script.sha, 1, key, *args)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    error = StoreUnavailable("budgets", "Redis", type(exc).__name__)
+    error.__cause__ = exc
+    return error
 
 
 def _text(value: bytes | str) -> str:
