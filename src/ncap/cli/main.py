@@ -146,7 +146,7 @@ async def _settle_the_heap(_app: object) -> None:
     gc.set_threshold(*_GC_THRESHOLDS)
 
 
-_GC_THRESHOLDS = (int(os.environ.get("NCAP_GC_GEN0", "50000")), 20, 100)
+_GC_THRESHOLDS = (50_000, 20, 100)  # CPython's defaults: (700, 10, 10)
 
 
 def _use_uvloop() -> None:
