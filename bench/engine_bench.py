@@ -15,19 +15,25 @@ without the cache; the cache's ratio and the prefill tokens it saved).
 
     .venv/bin/python bench/engine_bench.py [--quick] [--threads 2]
     .venv/bin/python bench/engine_bench.py --quick --passages 1 --skip-llama   # smoke run
+    .venv/bin/python bench/engine_bench.py --weights original   # the bundled Q4_1 as it is
+
+``--weights`` defaults to ``auto``, the engine's shipped default (the bundled Q4_1
+converted once to Q8_0); the llama-cpp-python rows load the same GGUF file.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ncap.engine import Completion, Engine, EngineSettings, GenerationParams
-from ncap.engine.library import default_model_path
+from ncap.engine.weights import WEIGHTS
 
 PASSAGE = (
     "The harbour town wakes before dawn. Fishing boats slip their moorings one by one, "
@@ -45,6 +51,7 @@ class Row:
     prompt_evaluated: int
     generated: int
     cached: int = 0
+    cpu: float = 0.0  # process CPU time: on a shared machine, steadier than wall time
 
     @property
     def rate(self) -> float:
@@ -66,9 +73,10 @@ async def timed(
 
 async def _once(engine: Engine, name: str, work: Callable[[], Awaitable[list[Completion]]]) -> Row:
     before = engine.stats()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     done = await work()
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     after = engine.stats()
     return Row(
         name,
@@ -76,6 +84,7 @@ async def _once(engine: Engine, name: str, work: Callable[[], Awaitable[list[Com
         after.prompt_tokens_evaluated - before.prompt_tokens_evaluated,
         sum(d.completion_tokens for d in done),
         sum(d.cached_tokens for d in done),
+        cpu,
     )
 
 
@@ -128,11 +137,13 @@ async def cache_row(
         engine.close()
 
 
-def llama_rows(msgs: list[dict[str, str]], tokens: int, threads: int, n_ctx: int) -> list[Row]:
+def llama_rows(
+    model: Path, msgs: list[dict[str, str]], tokens: int, threads: int, n_ctx: int
+) -> list[Row]:
     """llama-cpp-python's high-level API, 8 calls (it has no working ``n``)."""
     from llama_cpp import Llama
 
-    llm = Llama(str(default_model_path()), n_ctx=n_ctx, n_threads=threads, verbose=False)
+    llm = Llama(str(model), n_ctx=n_ctx, n_threads=threads, verbose=False)
     evaluated: list[int] = []
     real_eval = llm.eval
 
@@ -145,7 +156,7 @@ def llama_rows(msgs: list[dict[str, str]], tokens: int, threads: int, n_ctx: int
     for reset, name in ((True, "reset before each call"), (False, "its prefix reuse on")):
         llm.create_chat_completion(messages=msgs, max_tokens=1, temperature=1.0, seed=0)
         evaluated.clear()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         generated = 0
         for i in range(8):
             if reset:
@@ -155,6 +166,7 @@ def llama_rows(msgs: list[dict[str, str]], tokens: int, threads: int, n_ctx: int
             )
             generated += out["usage"]["completion_tokens"]
         wall = time.perf_counter() - start
+        cpu = time.process_time() - cpu
         prompt_evaluated = sum(evaluated) - generated + 8  # the last token is never fed back
         rows.append(
             Row(
@@ -162,18 +174,25 @@ def llama_rows(msgs: list[dict[str, str]], tokens: int, threads: int, n_ctx: int
                 wall,
                 max(prompt_evaluated, 0),
                 generated,
+                cpu=cpu,
             )
         )
     return rows
 
 
+def _load(avg: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in avg)
+
+
 def table(rows: list[Row]) -> str:
     lines = [
-        "| scenario | wall (s) | prompt tokens evaluated | generated tokens | generated tok/s |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| scenario | wall (s) | CPU (s) | prompt tokens evaluated | generated tokens "
+        "| generated tok/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {r.name} | {r.wall:.2f} | {r.prompt_evaluated} | {r.generated} | {r.rate:.1f} |"
+        f"| {r.name} | {r.wall:.2f} | {r.cpu:.2f} | {r.prompt_evaluated} | {r.generated} "
+        f"| {r.rate:.1f} |"
         for r in rows
     ]
     return "\n".join(lines)
@@ -187,10 +206,17 @@ async def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="best of R runs per scenario")
     ap.add_argument("--skip-llama", action="store_true", help="skip the llama-cpp-python rows")
     ap.add_argument("--passages", type=int, default=5, help="prompt length (5: 443 tokens)")
+    ap.add_argument(
+        "--weights", choices=WEIGHTS, default="auto", help="engine weights (auto: the default)"
+    )
     args = ap.parse_args()
+    load_start = os.getloadavg()
     tokens = 16 if args.quick else 64
-    settings = EngineSettings(n_ctx=args.n_ctx, max_sequences=16, threads=args.threads)
+    settings = EngineSettings(
+        n_ctx=args.n_ctx, max_sequences=16, threads=args.threads, weights=args.weights
+    )
     engine = await asyncio.to_thread(Engine.load, settings)
+    model = engine.model_file
     msgs = messages(args.passages)
     try:
         prompt = len(engine.prompt_tokens(GenerationParams(messages=tuple(msgs))))
@@ -199,10 +225,12 @@ async def main() -> None:
         engine.close()
     rows.append(await cache_row(settings, msgs, tokens, args.repeat))
     if not args.skip_llama:
-        rows += llama_rows(msgs, tokens, args.threads, args.n_ctx)
+        rows += llama_rows(model, msgs, tokens, args.threads, args.n_ctx)
     print(
-        f"prompt: {prompt} tokens; {tokens} new tokens per choice; temperature 1; "
-        f"{args.threads} threads; engine rows best of {args.repeat}\n"
+        f"weights: {args.weights} ({model.name}); prompt: {prompt} tokens; {tokens} new "
+        f"tokens per choice; temperature 1; {args.threads} threads; engine rows best of "
+        f"{args.repeat}; load average (1, 5, 15 min) {_load(load_start)} at the start, "
+        f"{_load(os.getloadavg())} at the end\n"
     )
     print(table(rows))
     one, eight, seq, cached = rows[0], rows[1], rows[2], rows[4]

@@ -55,3 +55,22 @@ routes:
     contract = parse_config(text.replace("max_age: 30", "max_age: 3600s")).routes["r"].contract
     assert contract.max_age_delta is not None
     assert contract.max_age_delta.total_seconds() == 3600
+
+
+def test_local_route_weights() -> None:
+    """A local route's ``weights`` (docs/configuration.md): auto by default, three
+    others by name, anything else refused with its location; the engine gets it."""
+    from ncap.providers.local import settings_from_route
+
+    text = "models: {m: [r]}\nroutes:\n  r: {provider: local, weights: %s}\n"
+    assert parse_config(text % "auto").routes["r"].weights == "auto"
+    assert (
+        parse_config("models: {m: [r]}\nroutes: {r: {provider: local}}\n").routes["r"].weights
+        == "auto"
+    )
+    for value in ("original", "q8_0", "q4_0"):
+        route = parse_config(text % value).routes["r"]
+        assert settings_from_route(route).weights == value
+    with pytest.raises(ConfigError) as info:
+        parse_config(text % "q2_k")
+    assert any("routes.r.weights (line 3)" in p for p in info.value.problems), info.value.problems

@@ -246,6 +246,9 @@ class Route(_Model):
     threads: int | None = Field(None, ge=1)
     # KV cells of recent prompts kept for reuse by later requests (0: no prefix cache)
     prefix_cache_tokens: int = Field(4096, ge=0)
+    # weights loaded: auto (Q8_0 conversion of the bundled model, model_path as it is),
+    # original, or a one-off conversion to q8_0 / q4_0 (ncap.engine.weights)
+    weights: Literal["auto", "original", "q8_0", "q4_0"] = "auto"
 
     @model_validator(mode="after")
     def _provider_fields(self) -> Route:
@@ -610,7 +613,7 @@ def _contract_warnings(rid: str, contract: Contract, now: datetime) -> list[tupl
     return []
 
 
-_LOCAL_ONLY = ("model_path", "n_ctx", "max_sequences", "max_queue", "threads")
+_LOCAL_ONLY = ("model_path", "n_ctx", "max_sequences", "max_queue", "threads", "weights")
 _REMOTE_ONLY = ("base_url", "api_key_env", "headers", "connect_timeout_s", "max_connections")
 
 

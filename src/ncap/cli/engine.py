@@ -39,6 +39,13 @@ def serve(
     prefix_cache_tokens: Annotated[
         int, typer.Option(help="Prompt tokens kept for reuse across requests (0: off)")
     ] = 4096,
+    weights: Annotated[
+        str,
+        typer.Option(
+            help="auto (Q8_0 for the bundled model, --model-path as it is), original, "
+            "q8_0 or q4_0 (converted once, cached in ~/.cache/ncap/models)"
+        ),
+    ] = "auto",
     route: Annotated[
         str | None, typer.Option(help="Take the settings of this local route of --config")
     ] = None,
@@ -59,6 +66,7 @@ def serve(
         max_queue,
         threads,
         prefix_cache_tokens=prefix_cache_tokens,
+        weights=weights,
     )
     if route is not None:
         settings = _route_settings(config, route)

@@ -37,6 +37,7 @@ from ncap.engine.scheduler import (
     SchedulerSettings,
 )
 from ncap.engine.tools import tool_grammar
+from ncap.engine.weights import resolve_weights
 from ncap.errors import ContextLengthExceeded, InvalidValue
 
 __all__ = ["Engine", "EngineSettings", "RequestStream"]
@@ -51,6 +52,8 @@ class EngineSettings:
     threads: int | None = None
     prefill_chunk: int = 256
     prefix_cache_tokens: int = 0
+    # "auto": Q8_0 for the bundled model, the file as it is for model_path (weights.py)
+    weights: str = "auto"
 
     def scheduler(self) -> SchedulerSettings:
         return SchedulerSettings(
@@ -112,7 +115,15 @@ class Engine:
     def load(cls, settings: EngineSettings) -> Engine:
         """Load the library (checking its build), the model and the scheduler; blocking."""
         lib = load_library()
-        model = LlamaModel(lib, default_model_path(settings.model_path))
+        source = default_model_path(settings.model_path)
+        path = resolve_weights(
+            lib,
+            source,
+            settings.weights,
+            bundled=not settings.model_path,
+            threads=settings.scheduler().threads,
+        )
+        model = LlamaModel(lib, path)
         try:
             scheduler = Scheduler(model, settings.scheduler())
         except BaseException:

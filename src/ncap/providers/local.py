@@ -53,6 +53,7 @@ def settings_from_route(route: Route) -> EngineSettings:
         max_queue=route.max_queue,
         threads=route.threads,
         prefix_cache_tokens=route.prefix_cache_tokens,
+        weights=route.weights,
     )
 
 
