@@ -29,11 +29,11 @@ import gateway_bench as gb
 
 
 def send(target: gb.Target, count: int, concurrency: int) -> dict[str, Any]:
-    """``count`` requests through loadgen's count mode, after a 3 s warm-up: the shipped
+    """``count`` requests through loadgen's count mode, after a 6 s warm-up: the shipped
     default's ramp limiter answers 429 ``slow_down`` while load steps up from idle (its
     job); the warm-up's answers are not counted, errors after it are."""
     argv = [str(bl.VENV_PY), str(bl.BENCH / "loadgen.py"), target.url, "-c", str(concurrency)]
-    argv += ["--requests", str(count), "--warmup", "3", "--json"]
+    argv += ["--requests", str(count), "--warmup", "6", "--json"]
     out = subprocess.run(argv, capture_output=True, timeout=3600)
     if not out.stdout:
         raise RuntimeError(out.stderr.decode(errors="replace")[-2000:])
