@@ -23,6 +23,7 @@ from ncap.errors import (
 )
 from ncap.lifecycle import attempts
 from ncap.lifecycle.failures import as_failure, client_error, ledger_outcome
+from ncap.lifecycle.plan import RouteRuntime
 from ncap.lifecycle.reports import Tally, summed_usage
 from ncap.lifecycle.settle import _whole_need
 from ncap.protocol.responses import ResponseSummary, SummaryUsage, SummaryUsageDetails
@@ -273,3 +274,63 @@ async def test_nothing_after_done_is_relayed(tmp_path: Path) -> None:
     assert b"".join(out) == sse(chunk(0, "hi", finish="stop"))
     (row,) = await h.rows()
     assert row.state == "settled"
+
+
+# -- for_route: the body as each route of the chain receives it ----------------------------
+
+
+def _rt(**kw: Any) -> RouteRuntime:
+    fields: dict[str, Any] = {"provider": "openai", "base_url": "http://scripted.invalid/v1"}
+    return RouteRuntime("r", Route.model_validate(fields | kw), ScriptedProvider([]))
+
+
+BODY: dict[str, Any] = {"model": "m", "messages": [], "seed": 7, "user": "u", "logit_bias": {}}
+EXTRAS = frozenset({"seed", "user", "top_k"})
+WITH_USAGE = {"stream_usage": "include_usage"}
+
+
+def test_a_route_that_changes_nothing_gets_the_body_itself() -> None:
+    body = dict(BODY)
+    allowing = _rt(extra_fields=["seed", "user"])
+    assert attempts.for_route(body, allowing, EXTRAS, stream=False) is body
+    assert attempts.for_route(body, allowing, EXTRAS, stream=True) is body  # no stream usage
+    streamed = _rt(extra_fields=["seed", "user"], contract=WITH_USAGE)
+    assert attempts.for_route(body, streamed, EXTRAS, stream=False) is body
+    assert body == BODY
+
+
+@pytest.mark.parametrize(
+    ("route_fields", "stream", "expected"),
+    [
+        # an extra field this route does not allow is dropped; the allowed one stays
+        ({"extra_fields": ["seed"]}, False,
+         {"model": "m", "messages": [], "seed": 7, "logit_bias": {}}),
+        ({}, False, {"model": "m", "messages": [], "logit_bias": {}}),
+        # the upstream model replaces the alias, nothing else changes
+        ({"upstream_model": "up", "extra_fields": ["seed", "user"]}, False, BODY | {"model": "up"}),
+        # usage asked for on a stream where the contract says it can come
+        ({"extra_fields": ["seed", "user"], "contract": WITH_USAGE}, True,
+         BODY | {"stream_options": {"include_usage": True}}),
+        ({"upstream_model": "up", "contract": WITH_USAGE}, True,
+         {"model": "up", "messages": [], "logit_bias": {},
+          "stream_options": {"include_usage": True}}),
+        ({"upstream_model": "up", "contract": WITH_USAGE}, False,
+         {"model": "up", "messages": [], "logit_bias": {}}),
+    ],
+)  # fmt: skip
+def test_the_body_each_route_receives(
+    route_fields: dict[str, Any], stream: bool, expected: dict[str, Any]
+) -> None:
+    body = dict(BODY)
+    assert attempts.for_route(body, _rt(**route_fields), EXTRAS, stream=stream) == expected
+    assert body == BODY  # the client's body is never changed in place
+
+
+def test_stream_usage_keeps_the_clients_other_stream_options() -> None:
+    body = BODY | {"stream_options": {"include_usage": False, "x": 1}}
+    routed = attempts.for_route(body, _rt(contract=WITH_USAGE), frozenset(), stream=True)
+    assert routed["stream_options"] == {"include_usage": True, "x": 1}
+    assert body["stream_options"] == {"include_usage": False, "x": 1}
+    none = BODY | {"stream_options": None}
+    routed = attempts.for_route(none, _rt(contract=WITH_USAGE), frozenset(), stream=True)
+    assert routed["stream_options"] == {"include_usage": True}
