@@ -21,7 +21,9 @@ from ncap.errors import (
     StoreUnavailable,
     UpstreamError,
 )
-from ncap.lifecycle import Caller, Gateway
+import ncap.lifecycle.idempotency as idem
+from ncap.config import Route
+from ncap.lifecycle import Caller, Gateway, Reply, RouteRuntime
 from ncap.lifecycle.idempotency import IN_FLIGHT_S
 from ncap.providers.base import AttemptFailed
 from ncap.stores.idempotency import MemoryIdempotency
@@ -29,6 +31,7 @@ from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_b
 from tests.lifecycle.harness import CALLER, Harness, drain, harness, route
 
 TTL = 120.0
+_encode_bytes = msgspec.json.encode
 REPEATER = Caller("default", "test", client_retry_count=3)
 
 
@@ -215,3 +218,195 @@ async def test_a_key_of_the_wrong_length_word_for_word(tmp_path: Path, key: str)
 async def test_a_key_of_255_characters_is_accepted(tmp_path: Path) -> None:
     _, gw, _, _ = _gateway(tmp_path, [Answer(chat_body("a"))])
     await _answered(gw, _raw(), "req-1", key="k" * 255)
+
+
+# -- a repeat while the first is still running: wait (polling the store), then as above ----
+
+RAW = _raw()
+SCOPED = f"default:{hashlib.sha256(b'k').hexdigest()}"
+
+
+class Clock:
+    """The hook's monotonic clock, advanced by each poll's sleep."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _record(raw: bytes = RAW, *, stream: bool = False, done: bool = False, answer: Any = None
+            ) -> bytes:  # fmt: skip
+    return idem._encode(
+        idem._Record(idem._body_hash(raw), "req-1", stream, done=done, answer=answer)
+    )
+
+
+def _hook(
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    on_sleep: Any = None,
+    *,
+    ttl: float = 600.0,
+    keep: bool = True,
+) -> tuple[idem.Idempotency, MemoryIdempotency, list[float], Clock, Harness]:
+    h = harness(tmp, {"a": (route(), ScriptedProvider([]))})
+    store = MemoryIdempotency()
+    clock = Clock()
+    monkeypatch.setattr(idem, "time", clock)
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock.now += 300
+        if on_sleep is not None:
+            await on_sleep(store)
+
+    hook = idem.Idempotency(store, h.gateway.accounting, ttl_s=ttl, keep_answers=keep,
+                            sleep=sleep)  # fmt: skip
+    return hook, store, sleeps, clock, h
+
+
+def _request(raw: bytes = RAW, *, request_id: str = "req-2", stream: bool = False
+             ) -> idem.IdempotentRequest:  # fmt: skip
+    primary = RouteRuntime("a", Route.model_validate(route()), ScriptedProvider([]))
+    return idem.IdempotentRequest("k", raw, CALLER, request_id, "m", primary, stream, None)
+
+
+def _never() -> Any:
+    async def dispatch() -> Reply:
+        raise AssertionError("a repeat is never dispatched")
+
+    return dispatch
+
+
+async def test_a_repeat_waits_for_the_first_then_gets_its_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer = idem._Answer(200, {"content-type": "application/json"}, b'{"id":"x"}')
+
+    async def first_finishes(store: MemoryIdempotency) -> None:
+        await store.swap(SCOPED, _record(), _record(done=True, answer=answer), 600)
+
+    hook, store, sleeps, _, _ = _hook(tmp_path, monkeypatch, first_finishes)
+    await store.claim(SCOPED, _record(), 600)
+    reply = await hook.run(_request(), _never())
+    assert (reply.status, reply.body) == (200, b'{"id":"x"}')
+    assert reply.headers == {"content-type": "application/json", "x-ncap-idempotent-replay": "req-1"}
+    assert sleeps == [0.05]  # one poll, of the default interval
+
+
+async def test_a_repeat_waits_at_most_the_in_flight_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook, store, sleeps, _, h = _hook(tmp_path, monkeypatch)
+    await store.claim(SCOPED, _record(), 600)
+    with pytest.raises(IdempotencyKeyReused) as info:
+        await hook.run(_request(), _never())
+    assert "already sent as request req-1;" in info.value.message
+    # 1000 → deadline 1600; polled at 1300, 1600 (not yet past), 1900 (past)
+    assert sleeps == [0.05] * 3
+    (row,) = await h.rows("req-2")
+    assert row.policy_reason == "idempotency_key_reused"
+
+
+async def test_the_in_flight_bound_is_the_ttl_when_shorter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook, store, sleeps, _, _ = _hook(tmp_path, monkeypatch, ttl=500.0)
+    await store.claim(SCOPED, _record(), 600)
+    with pytest.raises(IdempotencyKeyReused):
+        await hook.run(_request(), _never())
+    assert sleeps == [0.05] * 2  # deadline 1500: past at 1600
+
+
+async def test_a_first_that_withdraws_lets_the_repeat_claim_and_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def first_fails(store: MemoryIdempotency) -> None:
+        assert await store.swap(SCOPED, _record(), None, 600)
+
+    hook, store, sleeps, _, _ = _hook(tmp_path, monkeypatch, first_fails, keep=False)
+    await store.claim(SCOPED, _record(), 600)
+
+    async def dispatch() -> Reply:
+        return Reply(200, {"content-type": "application/json"}, b"{}")
+
+    reply = await hook.run(_request(), dispatch)
+    assert reply.status == 200 and sleeps == [0.05]
+    found = await store.get(SCOPED)
+    assert found is not None  # the repeat held the key, and marked it done
+    record = msgspec.json.decode(found)
+    assert (record["request_id"], record["done"], record["answer"]) == ("req-2", True, None)
+
+
+@pytest.mark.parametrize(
+    ("first", "error", "words"),
+    [
+        (_record(done=True), IdempotencyKeyReused, "already sent as request req-1;"),
+        (_record(stream=True), IdempotencyKeyReused, "req-1 (a stream, never replayed);"),
+        (_record(_raw(temperature=0.5)), IdempotencyKeyMismatch, "used by request req-1"),
+    ],
+    ids=["done", "a running stream", "another body, running"],
+)
+async def test_no_reason_to_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bytes, error: type, words: str
+) -> None:
+    async def no_poll(store: MemoryIdempotency) -> None:
+        raise AssertionError("nothing to wait for")
+
+    hook, store, _, _, _ = _hook(tmp_path, monkeypatch, no_poll)
+    await store.claim(SCOPED, first, 600)
+    with pytest.raises(error) as info:
+        await hook.run(_request(), _never())
+    assert words in info.value.message
+
+
+async def test_a_kept_answer_keeps_only_the_gateways_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook, store, _, _, _ = _hook(tmp_path, monkeypatch)
+    headers = {"content-type": "application/json", "x-ncap-route": "a", "set-cookie": "s",
+               "x-request-id": "r"}  # fmt: skip
+
+    async def dispatch() -> Reply:
+        return Reply(201, headers, b"body")
+
+    await hook.run(_request(request_id="req-1"), dispatch)
+    found = await store.get(SCOPED)
+    assert found is not None
+    record = msgspec.json.decode(found)
+    assert record == {
+        "body_hash": idem._body_hash(RAW), "request_id": "req-1", "stream": False, "done": True,
+        "answer": {"status": 201, "headers": {"content-type": "application/json",
+                                              "x-ncap-route": "a"},
+                   "body": msgspec.json.decode(_encode_bytes(b"body"))},
+    }  # fmt: skip
+
+
+async def test_a_streamed_answer_is_never_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook, store, _, _, _ = _hook(tmp_path, monkeypatch)
+
+    async def chunks() -> Any:
+        yield b"data: [DONE]\n\n"
+
+    async def dispatch() -> Reply:
+        return Reply(200, {"content-type": "text/event-stream"}, stream=chunks())
+
+    await hook.run(_request(request_id="req-1", stream=True), dispatch)
+    found = await store.get(SCOPED)
+    assert found is not None
+    record = msgspec.json.decode(found)
+    assert (record["done"], record["stream"], record["answer"]) == (True, True, None)
+
+
+async def test_a_store_error_marking_done_is_logged_by_class(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, gw, _, _ = _gateway(tmp_path, [Answer(chat_body("a"))], store=Recording(swap_fails=True))
+    with caplog.at_level(logging.WARNING, "ncap.lifecycle"):
+        await _answered(gw, _raw(), "req-1")
+    assert "idempotency key not marked done: StoreUnavailable" in caplog.messages
