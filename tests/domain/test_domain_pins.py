@@ -512,18 +512,71 @@ def test_the_output_cap_is_revealed_only_by_usage(
     assert _cap(finishes, usage, previous) == (revealed or previous)
 
 
-def test_a_refused_or_unsupported_probe_keeps_the_previous_output_cap() -> None:
+def test_a_probe_that_is_not_native_keeps_the_previous_output_cap() -> None:
+    # one choice (n ignored), cut at the ceiling with little output: would say "shared"
     findings = derive_contract(
-        ProbeReply(200, _answer(["length"], _details(9))),  # one choice: n ignored
+        ProbeReply(200, _answer(["length"], _details(5))),
         _STREAM,
         requested_n=2,
         ceiling=_CEILING,
-        previous=Contract(output_cap="shared"),
+        previous=Contract(output_cap="per_candidate"),
         fingerprint=_PRINT,
         now=NOW,
     )
-    assert (findings.candidates, findings.contract.output_cap) == ("ignored", "shared")
-    assert (findings.returned, findings.reported_model) == (1, "m")
+    assert (findings.candidates, findings.contract.output_cap) == ("ignored", "per_candidate")
+    assert (findings.returned, findings.reported_model, findings.stream_indexes) == (1, "m", 2)
+
+
+def _derive(reply: ProbeReply, n: int = 2, previous: Contract | None = None,
+            stream: StreamReply = _STREAM) -> Any:  # fmt: skip
+    return derive_contract(reply, stream, requested_n=n, ceiling=_CEILING,
+                           previous=previous or Contract(), fingerprint=_PRINT, now=NOW)  # fmt: skip
+
+
+def test_the_probe_needs_two_candidates_word_for_word() -> None:
+    with pytest.raises(ValueError, match="^the probe needs n >= 2 to tell native from ignored$"):
+        _derive(ProbeReply(200, _answer(LENGTH2, _details(9))), n=1)
+
+
+def test_a_stream_that_disagrees_is_noted_word_for_word() -> None:
+    one = StreamReply(200, [{"choices": [{"index": 0}]}])
+    findings = _derive(ProbeReply(200, _answer(LENGTH2, _details(9))), stream=one)
+    assert findings.candidates == "stream_mismatched"
+    assert findings.notes == [
+        "the stream carried 1 choice index(es) for n=2; n > 1 is not trusted on this route"
+    ]
+    assert (findings.stream_indexes, findings.contract.max_candidates) == (1, 1)
+
+
+def test_an_answer_without_a_choices_list_or_a_model_string() -> None:
+    findings = _derive(ProbeReply(200, {"choices": None, "model": 5}))
+    assert (findings.candidates, findings.returned, findings.reported_model) == (
+        "mismatched", 0, None,
+    )  # fmt: skip
+
+
+def test_a_refusal_by_code_alone_and_one_without_words() -> None:
+    by_code = {"error": {"code": "route_does_not_support_candidates", "param": None,
+                         "message": "at most 2"}}  # fmt: skip
+    findings = _derive(ProbeReply(400, by_code), n=4)
+    assert (findings.candidates, findings.stated_maximum) == ("refused", 2)
+    assert findings.contract.max_candidates == 2
+    bare = _derive(ProbeReply(400, {"error": {"param": "n"}}))
+    assert (bare.candidates, bare.stated_maximum, bare.notes) == ("refused", None, ["n=2 was refused:"])
+    assert bare.contract.max_candidates == 1
+
+
+def test_a_stated_maximum_above_the_probes_n_is_capped_below_it() -> None:
+    refusal = {"error": {"param": "n", "message": "at most 5"}}
+    assert _derive(ProbeReply(400, refusal), n=4).contract.max_candidates == 3
+
+
+def test_a_previous_maximum_counts_only_from_a_native_record() -> None:
+    honour = ProbeReply(200, _answer(LENGTH2, _details(9)))
+    was_unsupported = Contract(candidates="unsupported", max_candidates=6)
+    assert _derive(honour, previous=was_unsupported).contract.max_candidates == 2
+    was_native = Contract(candidates="native", max_candidates=6)
+    assert _derive(honour, previous=was_native).contract.max_candidates == 6
 
 
 @pytest.mark.parametrize(

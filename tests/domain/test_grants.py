@@ -72,3 +72,10 @@ def test_the_first_entry_of_an_id_wins() -> None:
     grants = Grants(config, GrantChanges(exceptions=(_grant("x", 8), _grant("y", 2))))
     assert [(e.id, e.max_candidates) for e in grants.exceptions] == [("x", 4), ("y", 2)]
     assert grants.exception(None) is None
+
+
+def test_keys_are_required_once_any_exists_anywhere() -> None:
+    assert Grants(_config(keys=[_key(A).model_dump()])).keys_required is True
+    assert Grants(_config(), GrantChanges(keys=(_key(C),))).keys_required is True
+    assert Grants(_config(), GrantChanges(revoked_keys=frozenset({"x"}))).keys_required is True
+    assert Grants(_config()).keys_required is False
