@@ -366,8 +366,7 @@ def test_rate_denials_word_for_word() -> None:
     tpm = _refused(BudgetWindows(tokens_per_minute=10), Usage(tokens_minute=4), Amounts(7, 0))
     assert type(tpm) is RateLimitExceeded
     assert tpm.message == (
-        "Workload 'w': the tokens-per-minute limit of 10 is reached (4 used or held, 7 "
-        "requested)."
+        "Workload 'w': the tokens-per-minute limit of 10 is reached (4 used or held, 7 requested)."
     )
     assert (tpm.retry_after, tpm.refusal) == (60.0, Refusal("tokens_minute", 10, 7))
 
@@ -529,12 +528,19 @@ def test_a_probe_that_is_not_native_keeps_the_previous_output_cap() -> None:
 
 def _derive(reply: ProbeReply, n: int = 2, previous: Contract | None = None,
             stream: StreamReply = _STREAM) -> Any:  # fmt: skip
-    return derive_contract(reply, stream, requested_n=n, ceiling=_CEILING,
-                           previous=previous or Contract(), fingerprint=_PRINT, now=NOW)  # fmt: skip
+    return derive_contract(
+        reply,
+        stream,
+        requested_n=n,
+        ceiling=_CEILING,
+        previous=previous or Contract(),
+        fingerprint=_PRINT,
+        now=NOW,
+    )
 
 
 def test_the_probe_needs_two_candidates_word_for_word() -> None:
-    with pytest.raises(ValueError, match="^the probe needs n >= 2 to tell native from ignored$"):
+    with pytest.raises(ValueError, match=r"^the probe needs n >= 2 to tell native from ignored$"):
         _derive(ProbeReply(200, _answer(LENGTH2, _details(9))), n=1)
 
 
@@ -562,7 +568,11 @@ def test_a_refusal_by_code_alone_and_one_without_words() -> None:
     assert (findings.candidates, findings.stated_maximum) == ("refused", 2)
     assert findings.contract.max_candidates == 2
     bare = _derive(ProbeReply(400, {"error": {"param": "n"}}))
-    assert (bare.candidates, bare.stated_maximum, bare.notes) == ("refused", None, ["n=2 was refused:"])
+    assert (bare.candidates, bare.stated_maximum, bare.notes) == (
+        "refused",
+        None,
+        ["n=2 was refused:"],
+    )
     assert bare.contract.max_candidates == 1
 
 

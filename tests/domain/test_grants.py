@@ -25,7 +25,9 @@ def _grant(id_: str, maximum: int = 4) -> ExceptionGrant:
 
 
 def _config(**kw: Any) -> Config:
-    return Config.model_validate({"workloads": {"w": {}, "default": {}}, "models": {}, "routes": {}} | kw)
+    return Config.model_validate(
+        {"workloads": {"w": {}, "default": {}}, "models": {}, "routes": {}} | kw
+    )
 
 
 def test_a_keys_id_is_its_hash_prefix() -> None:

@@ -55,8 +55,15 @@ class Observer:
 
 
 def _observed(h: Harness, observer: Observer, clock: datetime) -> Gateway:
-    accounting = Accounting(h.gateway.config, h.ledger, h.budgets, instance="test",
-                            metrics=h.metrics, observers=[observer], clock=lambda: clock)  # fmt: skip
+    accounting = Accounting(
+        h.gateway.config,
+        h.ledger,
+        h.budgets,
+        instance="test",
+        metrics=h.metrics,
+        observers=[observer],
+        clock=lambda: clock,
+    )
     return Gateway(h.gateway.config, h.gateway.routes, accounting)
 
 
@@ -124,7 +131,7 @@ async def test_a_policy_denial_records_an_unsized_plan(tmp_path: Path) -> None:
     assert [rt.id for rt in plan.usable_routes] == ["a"]
     assert (plan.emulated, plan.stream, plan.client_wants_usage) == (False, True, True)
     assert (plan.quota_scope, plan.timestamp, plan.kind) == ("instance", clock, "chat")
-    assert 0 < plan.started
+    assert plan.started > 0
     (row,) = await h.rows()
     assert (row.attempt, row.reserved_cost_micros, row.stream_mode) == (0, 0, True)
 

@@ -14,6 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
+import ncap.lifecycle.idempotency as idem
+from ncap.config import Route
 from ncap.errors import (
     IdempotencyKeyMismatch,
     IdempotencyKeyReused,
@@ -21,8 +23,6 @@ from ncap.errors import (
     StoreUnavailable,
     UpstreamError,
 )
-import ncap.lifecycle.idempotency as idem
-from ncap.config import Route
 from ncap.lifecycle import Caller, Gateway, Reply, RouteRuntime
 from ncap.lifecycle.idempotency import IN_FLIGHT_S
 from ncap.providers.base import AttemptFailed
@@ -293,7 +293,10 @@ async def test_a_repeat_waits_for_the_first_then_gets_its_answer(
     await store.claim(SCOPED, _record(), 600)
     reply = await hook.run(_request(), _never())
     assert (reply.status, reply.body) == (200, b'{"id":"x"}')
-    assert reply.headers == {"content-type": "application/json", "x-ncap-idempotent-replay": "req-1"}
+    assert reply.headers == {
+        "content-type": "application/json",
+        "x-ncap-idempotent-replay": "req-1",
+    }
     assert sleeps == [0.05]  # one poll, of the default interval
 
 

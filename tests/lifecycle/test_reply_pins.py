@@ -95,7 +95,11 @@ async def test_a_fan_out_answer_its_headers_and_the_first_branchs_fields(tmp_pat
         "content-type": "application/json",
     }
     body = msgspec.json.decode(reply.body)
-    assert (body["id"], body["model"], body["object"]) == ("chatcmpl-req-1", "m-1", "chat.completion")
+    assert (body["id"], body["model"], body["object"]) == (
+        "chatcmpl-req-1",
+        "m-1",
+        "chat.completion",
+    )
     assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10}
 
 
@@ -234,7 +238,7 @@ async def test_a_branch_that_fails_mid_way_ends_the_merged_stream_with_an_error(
         _encode(UpstreamError("An upstream stream failed mid-way.").envelope())
     )
     rows = await h.rows()
-    assert [(r.attempt, r.state) for r in rows][0] == (1, "pending")
+    assert (rows[0].attempt, rows[0].state) == (1, "pending")
     assert (
         "upstream failure: request=req-1 workload=default route=a attempt=1 status=- "
         "reason=upstream_reset outcome=stream_cut"

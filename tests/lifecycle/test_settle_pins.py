@@ -17,7 +17,14 @@ import msgspec
 import pytest
 
 import ncap.lifecycle.settle as settle_module
-from ncap.errors import BudgetExhausted, InvalidRequest, RateLimited, StoreUnavailable, UpstreamError
+from ncap.errors import (
+    BudgetExhausted,
+    InvalidRequest,
+    NcapError,
+    RateLimited,
+    StoreUnavailable,
+    UpstreamError,
+)
 from ncap.lifecycle import Accounting, Gateway
 from ncap.lifecycle.plan import Attempt, Plan
 from ncap.lifecycle.settle import Deferred, _Steps
@@ -142,7 +149,9 @@ async def test_reasoning_and_cached_tokens_reach_the_row(tmp_path: Path) -> None
 
 
 async def test_a_failed_attempt_row_returned_nothing(tmp_path: Path) -> None:
-    h = harness(tmp_path, {"a": (route(retries=0), ScriptedProvider([Fail(AttemptFailed("timeout"))]))})
+    h = harness(
+        tmp_path, {"a": (route(retries=0), ScriptedProvider([Fail(AttemptFailed("timeout"))]))}
+    )
     with pytest.raises(UpstreamError):
         await h.chat()
     (row,) = await h.rows()
@@ -151,7 +160,9 @@ async def test_a_failed_attempt_row_returned_nothing(tmp_path: Path) -> None:
 
 
 async def test_a_stream_that_fails_to_open_is_pending(tmp_path: Path) -> None:
-    h = harness(tmp_path, {"a": (route(retries=0), ScriptedProvider([Fail(AttemptFailed("timeout"))]))})
+    h = harness(
+        tmp_path, {"a": (route(retries=0), ScriptedProvider([Fail(AttemptFailed("timeout"))]))}
+    )
     with pytest.raises(UpstreamError):
         await h.chat(stream=True)
     (row,) = await h.rows()
@@ -298,7 +309,7 @@ async def test_each_failure_is_one_line_at_its_level(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, failure: AttemptFailed, line: str, level: int
 ) -> None:
     h = harness(tmp_path, {"a": (route(retries=0), ScriptedProvider([Fail(failure)]))})
-    with caplog.at_level(logging.INFO, "ncap.lifecycle"), pytest.raises(Exception):
+    with caplog.at_level(logging.INFO, "ncap.lifecycle"), pytest.raises(NcapError):
         await h.chat()
     (record,) = caplog.records
     assert record.getMessage().startswith(

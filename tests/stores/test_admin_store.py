@@ -70,7 +70,7 @@ async def test_changes_hold_what_was_created_and_what_was_revoked(store: AdminSt
 async def test_an_id_is_never_reused(store: AdminStore) -> None:
     await store.record(_create(GRANT), AT)
     await store.record(AdminChange("bob", "revoke", "exception", "eval"), AT)
-    with pytest.raises(DuplicateGrant, match="^eval$"):
+    with pytest.raises(DuplicateGrant, match=r"^eval$"):
         await store.record(_create(GRANT), AT)
     assert len(await store.audit()) == 2  # the refused change left no audit row
     # the same id as another kind is another entry

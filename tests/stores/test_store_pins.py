@@ -56,7 +56,9 @@ async def budgets(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 @pytest.fixture(params=["memory", "sqlite"])
 async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    store = MemoryLedgerStore() if request.param == "memory" else SQLiteLedgerStore(tmp_path / "l.db")
+    store = (
+        MemoryLedgerStore() if request.param == "memory" else SQLiteLedgerStore(tmp_path / "l.db")
+    )
     yield store
     await store.close()
 
@@ -83,7 +85,7 @@ async def test_ending_a_hold_of_a_rolled_over_minute_leaves_the_new_minute_alone
 async def test_negative_actuals_are_refused_word_for_word(budgets: Any) -> None:
     store, _ = budgets
     hold = await store.reserve("w", WINDOWS, Amounts(100, 500), now=NOW, hold_id="h")
-    with pytest.raises(ValueError, match="^actual usage cannot be negative$"):
+    with pytest.raises(ValueError, match=r"^actual usage cannot be negative$"):
         await store.settle(hold, -1, 0)
 
 
@@ -127,13 +129,13 @@ async def test_the_ledgers_errors_word_for_word(ledger: Any) -> None:
 async def test_a_closed_memory_ledger_says_so() -> None:
     store = MemoryLedgerStore()
     await store.close()
-    with pytest.raises(RuntimeError, match="^memory ledger is closed$"):
+    with pytest.raises(RuntimeError, match=r"^memory ledger is closed$"):
         await store.append(_row())
 
 
 def test_a_memory_ledger_holds_at_least_one_row() -> None:
     assert MemoryLedgerStore(max_rows=1).max_rows == 1
-    with pytest.raises(ValueError, match="^max_rows must be at least 1$"):
+    with pytest.raises(ValueError, match=r"^max_rows must be at least 1$"):
         MemoryLedgerStore(max_rows=0)
 
 
@@ -161,7 +163,7 @@ def tokyo() -> Iterator[None]:
 def test_ledger_timestamps_are_fixed_width_utc(tokyo: None) -> None:
     at = datetime(2026, 11, 29, 19, 15, 30, 5, tzinfo=timezone(timedelta(hours=9)))
     assert _ts(at) == "2026-11-29T10:15:30.000005Z"
-    with pytest.raises(ValueError, match="^ledger timestamps must be timezone-aware$"):
+    with pytest.raises(ValueError, match=r"^ledger timestamps must be timezone-aware$"):
         _ts(datetime(2026, 11, 29))
 
 
@@ -228,5 +230,5 @@ async def test_the_oldest_record_is_evicted_first_and_a_rewrite_is_new() -> None
 
 
 def test_no_records_for_an_unknown_budget_store() -> None:
-    with pytest.raises(TypeError, match="^no Idempotency-Key records for object$"):
+    with pytest.raises(TypeError, match=r"^no Idempotency-Key records for object$"):
         idempotency_for(object())  # type: ignore[arg-type]
