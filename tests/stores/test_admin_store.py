@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,33 @@ def _alert(threshold: int = 80, **kw: Any) -> BudgetAlertRow:
     return BudgetAlertRow(**(fields | kw))
 
 
+async def test_the_audit_returns_the_newest_thousand_by_default(store: AdminStore) -> None:
+    for i in range(1001):
+        await store.record(AdminChange("a", "revoke", "key", f"k{i}"), AT)
+    entries = await store.audit()
+    assert (len(entries), entries[0].seq, entries[-1].seq) == (1000, 2, 1001)
+
+
+@pytest.fixture
+def tokyo() -> Iterator[None]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    mp.undo()
+    time.tzset()
+
+
+async def test_sqlite_stamps_are_utc_whatever_the_local_zone(tmp_path: Path, tokyo: None) -> None:
+    store = SQLiteAdminStore(tmp_path / "l.db")
+    await store.record(_create(GRANT), AT)
+    await store.close()
+    with sqlite3.connect(tmp_path / "l.db") as conn:
+        assert conn.execute("SELECT at FROM admin_audit").fetchall() == [
+            ("2026-12-01T09:30:15.250000Z",)
+        ]
+
+
 async def test_an_alert_is_claimed_once_per_subject_scope_period_and_threshold(
     store: AdminStore,
 ) -> None:
@@ -115,7 +143,7 @@ async def test_an_alert_is_claimed_once_per_subject_scope_period_and_threshold(
 
 
 async def test_sqlite_keeps_everything_across_a_reopen(tmp_path: Path) -> None:
-    path = tmp_path / "nested" / "ledger.db"
+    path = tmp_path / "two" / "levels" / "ledger.db"
     first = SQLiteAdminStore(path)
     await first.record(_create(GRANT), AT)
     assert await first.claim_alert(_alert()) is True

@@ -232,3 +232,45 @@ async def test_the_oldest_record_is_evicted_first_and_a_rewrite_is_new() -> None
 def test_no_records_for_an_unknown_budget_store() -> None:
     with pytest.raises(TypeError, match=r"^no Idempotency-Key records for object$"):
         idempotency_for(object())  # type: ignore[arg-type]
+
+
+async def test_a_request_with_attempts_left_keeps_them_after_an_eviction() -> None:
+    store = MemoryLedgerStore(max_rows=2)
+    await store.append(_row("a", state="settled"))
+    await store.append(_row("a", attempt=2, state="settled"))
+    await store.append(_row("b", state="settled"))  # evicts a#1 (no pending update)
+    assert [e.attempt for e in await store.get("a")] == [2]
+    await store.append(_row("c", state="settled"))  # evicts a#2: request a is gone
+    assert await store.get("a") == []
+
+
+async def test_a_hold_id_is_never_reserved_twice(budgets: Any) -> None:
+    store, _ = budgets
+    await store.reserve("w", WINDOWS, Amounts(1, 1), now=NOW, hold_id="h")
+    with pytest.raises(ValueError, match=r"^hold 'h' already exists$"):
+        await store.reserve("w", WINDOWS, Amounts(1, 1), now=NOW, hold_id="h")
+
+
+async def test_a_stores_refusal_names_the_workload(budgets: Any) -> None:
+    store, _ = budgets
+    with pytest.raises(Exception, match=r"^Workload 'w': the daily token budget of 5 ") as info:
+        await store.reserve("w", BudgetWindows(tokens_per_day=5), Amounts(6, 0), now=NOW)
+    assert type(info.value).__name__ == "BudgetExhausted"
+
+
+async def test_an_sqlite_budget_stores_holds_are_local_by_default(tmp_path: Path) -> None:
+    store = SQLiteBudgetStore(tmp_path / "b.db")
+    hold = await store.reserve("w", WINDOWS, Amounts(1, 1), hold_id="h")
+    await store.close()
+    assert hold.gateway_instance == "local"
+
+
+async def test_the_sqlite_ledger_commits_at_synchronous_normal_by_default(tmp_path: Path) -> None:
+    def level(conn: Any) -> int:
+        return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    default = SQLiteLedgerStore(tmp_path / "a.db")
+    full = SQLiteLedgerStore(tmp_path / "b.db", synchronous="FULL")
+    assert (await default._writer.run(level), await full._writer.run(level)) == (1, 2)
+    await default.close()
+    await full.close()
