@@ -17,9 +17,12 @@ import pytest
 from ncap import __version__
 from ncap.domain.reservation import Reservation
 from ncap.errors import (
+    IdempotencyKeyReused,
     InvalidValue,
+    ModelNotFound,
     Overloaded,
     PolicyDenied,
+    RateLimited,
     RouteContractStale,
     RouteDoesNotSupportCandidates,
     UnknownParameter,
@@ -279,10 +282,11 @@ async def test_best_of_above_n_on_an_emulating_route_word_for_word(tmp_path: Pat
 
 
 def test_the_legacy_input_estimate_measures_prompt_and_suffix() -> None:
-    # {"prompt":"ab","suffix":"c"} is 28 bytes
-    assert input_estimate({"prompt": "ab", "suffix": "c"}, "completions") == 16 + 8 + 28
-    # {"prompt":"ab","suffix":null} is 29 bytes
-    assert input_estimate({"prompt": "ab"}, "completions") == 16 + 8 + 29
+    # {"prompt":"hello world","suffix":"tail"} is 40 bytes
+    body = {"prompt": "hello world", "suffix": "tail"}
+    assert input_estimate(body, "completions") == 16 + 8 + 40
+    # {"prompt":"hello world","suffix":null} is 38 bytes
+    assert input_estimate({"prompt": "hello world"}, "completions") == 16 + 8 + 38
 
 
 def test_the_chat_input_estimate_counts_tools_functions_and_format() -> None:
@@ -366,3 +370,227 @@ async def test_a_retry_waits_the_upstreams_retry_after(tmp_path: Path) -> None:
     assert reply.after is not None
     await reply.after
     assert h.sleeps == [2.5]
+
+
+# -- the books' own columns, the metrics of an admitted request ----------------------------
+
+
+def _sqlite_budgets(tmp: Path) -> Any:
+    from ncap.stores import SQLiteBudgetStore
+
+    return SQLiteBudgetStore(tmp / "budgets-host.db")
+
+
+async def test_every_row_names_the_budget_stores_real_scope(tmp_path: Path) -> None:
+    budgets = _sqlite_budgets(tmp_path)
+    steps = [Answer(chat_body("x"))]
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider(steps))}, budgets=budgets,
+                workloads={"default": {"requests_per_minute": 1}})  # fmt: skip
+    reply = await h.gateway.chat(_raw(), RETRIED, "req-1")
+    assert reply.after is not None
+    await reply.after
+    (answered,) = await h.rows("req-1")
+    assert (answered.quota_scope, answered.client_retry_count) == ("host", 3)
+    with pytest.raises(RateLimited):
+        await h.chat("req-2")
+    (denied,) = await h.rows("req-2")
+    assert (denied.quota_scope, denied.state) == ("host", "denied")
+    await budgets.close()
+
+
+async def test_an_idempotent_repeat_names_the_budget_stores_real_scope(tmp_path: Path) -> None:
+    from ncap.stores.idempotency import SQLiteIdempotency
+
+    budgets = _sqlite_budgets(tmp_path)
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))},
+                budgets=budgets)  # fmt: skip
+    gw = Gateway(h.gateway.config, h.gateway.routes, h.gateway.accounting,
+                 idempotency=SQLiteIdempotency(budgets))  # fmt: skip
+    reply = await gw.chat(_raw(), CALLER, "req-1", idempotency_key="k")
+    assert reply.after is not None
+    await reply.after
+    with pytest.raises(IdempotencyKeyReused):
+        await gw.chat(_raw(), CALLER, "req-2", idempotency_key="k")
+    (row,) = await h.rows("req-2")
+    assert row.quota_scope == "host"
+    await budgets.close()
+
+
+async def test_an_exceptions_policy_result_and_reason_reach_the_row(tmp_path: Path) -> None:
+    exceptions = [{"id": "eval", "workload": "default", "owner": "o", "max_candidates": 8,
+                   "expires": "2030-01-01T00:00:00Z"}]  # fmt: skip
+    answer = Answer(chat_body(*"abcdef"))
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([answer]))}, exceptions=exceptions)
+    reply = await h.chat(n=6, temperature=1.0)
+    assert reply.after is not None
+    await reply.after
+    (row,) = await h.rows()
+    assert (row.policy_result, row.exception_id) == ("allow", "eval")
+    assert row.policy_reason not in (None, "within_default")
+
+
+async def test_each_workload_has_its_own_windows(tmp_path: Path) -> None:
+    workloads = {"default": {"requests_per_minute": 100}, "tight": {"requests_per_minute": 1}}
+    answers = [Answer(chat_body("x")) for _ in range(3)]
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))}, workloads=workloads)
+    for rid in ("req-1", "req-2"):
+        reply = await h.chat(rid)
+        assert reply.after is not None
+        await reply.after
+    tight = Caller("tight", "test")
+    reply = await h.gateway.chat(_raw(), tight, "req-3")
+    assert reply.after is not None
+    await reply.after
+    with pytest.raises(RateLimited):
+        await h.gateway.chat(_raw(), tight, "req-4")
+
+
+async def test_an_admitted_request_is_counted_by_workload_and_reason(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x", "y"))]))})
+    reply = await h.chat(n=2, temperature=1.0)
+    assert reply.after is not None
+    await reply.after
+    sample = h.metrics.registry.get_sample_value
+    labels = {"workload": "default", "policy_result": "allow", "reason": "within_default"}
+    assert sample("ncap_requests_total", labels) == 1
+    assert sample("ncap_candidates_requested_count", {"workload": "default"}) == 1
+    assert sample("ncap_candidates_requested_sum", {"workload": "default"}) == 2
+
+
+async def test_the_plan_of_an_admitted_request(tmp_path: Path) -> None:
+    clock = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))})
+    observer = Observer()
+    gw = _observed(h, observer, clock)
+    reply = await gw.chat(_raw(), CALLER, "req-1")
+    assert reply.after is not None
+    await reply.after
+    (plan,) = observer.plans
+    assert (plan.timestamp, plan.alias, plan.kind) == (clock, "m", "chat")
+    assert plan.started > 0
+
+
+# -- what policy reads of the request --------------------------------------------------------
+
+
+async def test_policy_reads_the_temperature_and_max_tokens(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))})
+    with pytest.raises(PolicyDenied) as greedy:
+        await h.chat("req-1", n=2, temperature=0)
+    assert "temperature 0" in greedy.value.message
+    with pytest.raises(PolicyDenied) as ceiling:
+        await h.chat("req-2", max_tokens=5000)
+    assert "5000" in ceiling.value.message
+
+
+async def test_a_primary_without_a_contract_is_named_in_the_refusal(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route({}), ScriptedProvider([]))})
+    with pytest.raises(RouteDoesNotSupportCandidates) as info:
+        await h.chat(n=2, temperature=1.0)
+    assert info.value.message.startswith("Route 'a' has no verified contract for n > 1")
+
+
+async def _fallback_served(tmp_path: Path, fallback_contract: dict[str, Any]) -> list[Any]:
+    fallback = ScriptedProvider([Answer(chat_body("x", "y"))])
+    routes = {"a": (route(retries=0), ScriptedProvider([OVERLOADED])),
+              "b": (route(fallback_contract, upstream_model="up"), fallback)}  # fmt: skip
+    h = harness(tmp_path, routes)
+    try:
+        reply = await h.chat(n=2, temperature=1.0)
+        assert reply.after is not None
+        await reply.after
+    except Overloaded:
+        pass
+    return fallback.sent
+
+
+async def test_a_fresh_fallback_with_a_max_age_serves(tmp_path: Path) -> None:
+    verified = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    assert len(await _fallback_served(tmp_path, NATIVE | {"max_age": "30d",
+                                                          "verified_at": verified})) == 1  # fmt: skip
+
+
+async def test_a_fallback_verified_for_another_provider_is_dropped(tmp_path: Path) -> None:
+    assert await _fallback_served(tmp_path, NATIVE | {"fingerprint": {"provider": "gemini"}}) == []
+
+
+async def test_an_emulating_fallback_is_dropped_for_n_above_one(tmp_path: Path) -> None:
+    assert await _fallback_served(tmp_path, EMULATE) == []
+
+
+def _legacy_raw(**body: Any) -> bytes:
+    return msgspec.json.encode({"model": "m", "prompt": "hi", **body})
+
+
+async def test_the_legacy_count_is_best_of_else_n(tmp_path: Path) -> None:
+    answers = [Answer(_completion_body()), Answer(_completion_body()), Answer(_completion_body())]
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))})
+    for rid, body in (("req-1", {"best_of": 1}), ("req-2", {"n": 1})):
+        reply = await h.gateway.completions(_legacy_raw(**body), CALLER, rid)
+        assert reply.after is not None
+        await reply.after
+    assert [(await h.rows(r))[0].requested_candidate_count for r in ("req-1", "req-2")] == [1, 1]
+
+
+async def test_best_of_above_an_absent_n_returns_one(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(_completion_body())]))})
+    reply = await h.gateway.completions(_legacy_raw(best_of=3, temperature=1), CALLER, "req-1")
+    assert reply.after is not None
+    await reply.after
+    (row,) = await h.rows()
+    assert (row.requested_candidate_count, row.state) == (3, "settled")
+
+
+@pytest.mark.parametrize("body", [{"n": 2}, {"n": 2, "best_of": 2}])
+async def test_n_candidates_all_returned_may_be_emulated(
+    tmp_path: Path, body: dict[str, Any]
+) -> None:
+    answers = [Answer(_completion_body("a")), Answer(_completion_body("b"))]
+    h = harness(tmp_path, {"a": (route(EMULATE), ScriptedProvider(answers))})
+    reply = await h.gateway.completions(_legacy_raw(temperature=1, **body), CALLER, "req-1")
+    assert reply.after is not None
+    await reply.after
+    assert [c["index"] for c in msgspec.json.decode(reply.body)["choices"]] == [0, 1]
+    assert msgspec.json.decode(reply.body)["id"] == "cmpl-req-1"
+
+
+async def test_a_legacy_stream_is_opened_on_the_completions_endpoint(tmp_path: Path) -> None:
+    text = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    provider = Recording([Stream(text)])
+    h = harness(tmp_path, {"a": (route(timeout_s=7), provider)})
+    reply = await h.gateway.completions(_legacy_raw(stream=True), CALLER, "req-1")
+    await drain(reply.stream)
+    assert provider.calls == [(7.0, "completions")]
+
+
+# -- the gateway's own refusals and the Idempotency-Key switch -------------------------------
+
+
+async def test_an_unknown_or_forbidden_model_word_for_word(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))},
+                workloads={"default": {"models": ["m"]}})  # fmt: skip
+    for model in ("nope", "fake-model"):
+        with pytest.raises(ModelNotFound) as info:
+            await h.chat(model=model)
+        assert info.value.message == (
+            f"The model `{model}` does not exist or you do not have access to it."
+        )
+        assert info.value.param == "model"
+    reply = await h.chat()  # the alias the workload allows
+    assert reply.after is not None
+    await reply.after
+
+
+async def test_a_key_without_a_store_and_a_store_without_a_key(tmp_path: Path) -> None:
+    from ncap.stores.idempotency import MemoryIdempotency
+
+    answers = [Answer(chat_body("x")), Answer(chat_body("y"))]
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))})
+    reply = await h.gateway.chat(_raw(), CALLER, "req-1", idempotency_key="k")  # no store
+    assert reply.after is not None
+    await reply.after
+    gw = Gateway(h.gateway.config, h.gateway.routes, h.gateway.accounting,
+                 idempotency=MemoryIdempotency())  # fmt: skip
+    reply = await gw.chat(_raw(), CALLER, "req-2")  # no key: no hook
+    assert reply.after is not None
+    await reply.after

@@ -5,18 +5,22 @@ branch is settled with), over the scripted provider, socket-free."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from ncap.errors import UpstreamError
+from ncap.errors import Overloaded, UpstreamError
 from ncap.providers.base import AttemptFailed
-from ncap.testing.scripted import Answer, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import EMULATE, Harness, drain, events, harness, route
+from ncap.streaming.sse import StreamEvent, iter_events
+from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
+from tests.lifecycle.harness import CALLER, EMULATE, Harness, drain, events, harness, route
 
 _encode = msgspec.json.Encoder().encode
 STREAMED = {"content-type": "text/event-stream", "cache-control": "no-cache"}
@@ -259,3 +263,102 @@ async def test_a_client_that_leaves_a_fan_out_is_not_an_upstream_failure(
     assert [(r.state, r.reconciliation_reason) for r in rows] == [("pending", "stream_cut")] * 2
     assert [r.provider_request_id for r in rows] == ["scripted-stream"] * 2
     assert _failures(caplog) == []
+
+
+class Stalling(ScriptedProvider):
+    """Branches that send one chunk, then wait (for a client that leaves first)."""
+
+    @asynccontextmanager
+    async def stream(
+        self, body: Mapping[str, Any], *, timeout: float, kind: Any = "chat"
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+        self.sent.append(body)
+
+        async def events() -> AsyncIterator[StreamEvent]:
+            async for event in iter_events(_one(sse(chunk(0, "x"), done=False))):
+                yield event
+            await asyncio.Event().wait()  # never set: the pump is cancelled
+            yield StreamEvent(b"", None)  # pragma: no cover
+
+        yield f"stall-{len(self.sent)}", events()
+
+
+async def _one(text: bytes) -> AsyncIterator[bytes]:
+    yield text
+
+
+async def test_a_client_leaving_while_branches_still_stream_settles_them(
+    tmp_path: Path,
+) -> None:
+    h = harness(tmp_path, {"a": (route(EMULATE), Stalling([]))})
+    reply = await h.chat(n=2, temperature=1.0, stream=True)
+    assert reply.stream is not None
+    await anext(reply.stream)
+    await reply.stream.aclose()  # type: ignore[attr-defined]
+    rows = await h.rows()
+    assert [(r.state, r.provider_request_id) for r in rows] == [
+        ("pending", "stall-1"),
+        ("pending", "stall-2"),
+    ]
+
+
+async def test_an_aborted_fan_out_logs_why_and_sends_each_branch_the_body(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = ScriptedProvider([_ok("x"), Fail(AttemptFailed("status", 404))])
+    h = harness(tmp_path, {"a": (route(EMULATE), provider)})
+    with caplog.at_level(logging.INFO, "ncap.lifecycle"), pytest.raises(UpstreamError):
+        await h.chat(n=2, temperature=1.0, stream=True)
+    assert (
+        "upstream failure: request=req-1 workload=default route=a attempt=1 status=- "
+        "reason=fan_out_aborted outcome=stream_cut"
+    ) in caplog.messages
+    assert [b["messages"] for b in provider.sent] == [[{"role": "user", "content": "hi"}]] * 2
+    assert all("n" not in b for b in provider.sent)
+
+
+async def test_a_providers_own_refusal_of_a_branch_reaches_the_client(tmp_path: Path) -> None:
+    for stream in (False, True):
+        provider = ScriptedProvider([_ok("x") if stream else Answer(chat_body("x")),
+                                     Fail(Overloaded("busy"))])  # fmt: skip
+        h = harness(tmp_path, {"a": (route(EMULATE), provider)})
+        with pytest.raises(Overloaded, match="^busy$"):
+            await h.chat(f"req-{stream}", n=2, temperature=1.0, stream=stream)
+
+
+async def test_a_fan_out_whose_first_branch_has_no_usage_has_none(tmp_path: Path) -> None:
+    provider = ScriptedProvider(
+        [Answer(_body("x", model="m-1", usage=None)), Answer(_body("y", model="m-1"))]
+    )
+    h = harness(tmp_path, {"a": (route(EMULATE), provider)})
+    reply = await h.chat(n=2, temperature=1.0)
+    assert reply.after is not None
+    await reply.after
+    assert "usage" not in msgspec.json.decode(reply.body)
+
+
+def _text_chunk(text: str | None, *, finish: str | None = None,
+                usage: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": finish}]
+    out: dict[str, Any] = {"id": "cmpl-up", "object": "text_completion", "created": 1,
+                           "model": "scripted", "choices": choices}  # fmt: skip
+    if usage is not None:
+        out["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                        "total_tokens": sum(usage)}  # fmt: skip
+    return out
+
+
+async def test_a_legacy_fan_out_stream_speaks_text_completion(tmp_path: Path) -> None:
+    def branch(text: str) -> Stream:
+        return _branch(_text_chunk(text, finish="stop"), _text_chunk(None, usage=(3, 1)))
+
+    h = harness(tmp_path, {"a": (route(EMULATE), ScriptedProvider([branch("a"), branch("b")]))})
+    raw = msgspec.json.encode({"model": "m", "prompt": "hi", "n": 2, "temperature": 1,
+                               "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    reply = await h.gateway.completions(raw, CALLER, "req-1")
+    out = events(await drain(reply.stream))
+    *chunks, usage, done = out
+    assert done == "[DONE]"
+    assert {c["id"] for c in chunks} == {"cmpl-req-1"}
+    assert (usage["id"], usage["object"]) == ("cmpl-req-1", "text_completion")
+    assert usage["usage"] == {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}

@@ -446,3 +446,45 @@ async def test_kept_settlements_warn_once_and_back_off_to_the_ceiling(
         "settlements are kept and retried until it is back",
         "deferred settlements applied: the store is back",
     ]
+
+
+async def test_the_default_backoff_and_backlog(caplog: pytest.LogCaptureFixture) -> None:
+    store = Flaky(failures=8)
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    deferred = Deferred(sleep=sleep)
+    await deferred.run(_Steps([store.step("a")]))
+    for _ in range(200):
+        if not deferred.pending:
+            break
+        await asyncio.sleep(0)
+    assert sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+
+    async def never(_: float) -> None:
+        await asyncio.sleep(3600)
+
+    full = Deferred(sleep=never)
+    stuck = Flaky(failures=1)
+    await full.run(_Steps([stuck.step("first")]))  # kept: the store refused
+    for i in range(9_999):
+        await full.run(_Steps([stuck.step(str(i))]))  # queued behind it
+    assert full.pending == 10_000
+    with pytest.raises(StoreUnavailable):
+        await full.run(_Steps([stuck.step("one too many")]))
+    await full.close()  # the store answers again: everything applied at shutdown
+    assert full.pending == 0 and len(stuck.done) == 10_000
+
+
+async def test_shutdown_stops_the_retry_task() -> None:
+    async def never(_: float) -> None:
+        await asyncio.sleep(3600)
+
+    deferred = Deferred(sleep=never)
+    await deferred.run(_Steps([Flaky(failures=1).step("a")]))
+    task = deferred._task
+    assert task is not None and not task.done()
+    await deferred.close()
+    assert task.cancelled()
