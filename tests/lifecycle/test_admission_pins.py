@@ -75,9 +75,16 @@ def _observed(h: Harness, observer: Observer, clock: datetime) -> Gateway:
 
 @pytest.mark.parametrize(
     ("n", "recorded", "effective"),
-    [(None, None, 1), (1, 1, 1), (3, 3, 3), (128, 128, 128), (129, None, 1), (0, None, 1),
-     (True, None, 1)],
-)  # fmt: skip
+    [
+        (None, None, 1),
+        (1, 1, 1),
+        (3, 3, 3),
+        (128, 128, 128),
+        (129, None, 1),
+        (0, None, 1),
+        (True, None, 1),
+    ],
+)
 async def test_a_refused_field_writes_its_denial_row(
     tmp_path: Path, n: Any, recorded: int | None, effective: int
 ) -> None:
@@ -93,8 +100,10 @@ async def test_a_refused_field_writes_its_denial_row(
     assert (row.requested_candidate_count, row.effective_candidate_count) == (recorded, effective)
     assert (row.stream_mode, row.quota_scope, row.gateway_instance) == (True, "instance", "test")
     assert (row.policy_result, row.policy_reason, row.state) == (
-        "deny", "unknown_multi_candidate_field", "denied",
-    )  # fmt: skip
+        "deny",
+        "unknown_multi_candidate_field",
+        "denied",
+    )
     assert (row.denied_by, row.client_retry_count) == ("best_of", 3)
 
 
@@ -126,8 +135,11 @@ async def test_a_policy_denial_records_an_unsized_plan(tmp_path: Path) -> None:
     observer = Observer()
     gw = _observed(h, observer, clock)
     with pytest.raises(PolicyDenied):
-        await gw.chat(_raw(n=9, temperature=1.0, stream=True,
-                           stream_options={"include_usage": True}), CALLER, "req-1")  # fmt: skip
+        await gw.chat(
+            _raw(n=9, temperature=1.0, stream=True, stream_options={"include_usage": True}),
+            CALLER,
+            "req-1",
+        )
     (plan,) = observer.plans
     assert (plan.request_id, plan.caller, plan.alias) == ("req-1", CALLER, "m")
     assert plan.reservation == plan.attempt_reservation == Reservation(0, 0, 0)
@@ -213,11 +225,16 @@ async def test_a_contract_verified_for_another_provider_or_model_is_stale(
 
 
 def _completion_body(text: str = "ok") -> bytes:
-    return msgspec.json.encode({
-        "id": "cmpl-up", "object": "text_completion", "created": 1, "model": "scripted",
-        "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-    })  # fmt: skip
+    return msgspec.json.encode(
+        {
+            "id": "cmpl-up",
+            "object": "text_completion",
+            "created": 1,
+            "model": "scripted",
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+    )
 
 
 async def _legacy(h: Harness, request_id: str = "req-1", **body: Any) -> Any:
@@ -315,8 +332,7 @@ class Recording(ScriptedProvider):
         self.calls.append((timeout, kind))
         return await super().complete(body, timeout=timeout, kind=kind)
 
-    def stream(self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-               ) -> Any:  # fmt: skip
+    def stream(self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat") -> Any:
         self.calls.append((timeout, kind))
         return super().stream(body, timeout=timeout, kind=kind)
 
@@ -347,8 +363,7 @@ async def test_an_empty_stream_ends_with_an_error_event(tmp_path: Path) -> None:
 async def test_a_fallback_gets_only_the_extra_fields_it_allows(tmp_path: Path) -> None:
     primary = ScriptedProvider([OVERLOADED])
     fallback = ScriptedProvider([Answer(chat_body("x"))])
-    routes = {"a": (route(retries=0, extra_fields=["top_k"]), primary),
-              "b": (route(), fallback)}  # fmt: skip
+    routes = {"a": (route(retries=0, extra_fields=["top_k"]), primary), "b": (route(), fallback)}
     h = harness(tmp_path, routes)
     reply = await h.chat(top_k=5)
     assert reply.after is not None
@@ -384,8 +399,12 @@ def _sqlite_budgets(tmp: Path) -> Any:
 async def test_every_row_names_the_budget_stores_real_scope(tmp_path: Path) -> None:
     budgets = _sqlite_budgets(tmp_path)
     steps = [Answer(chat_body("x"))]
-    h = harness(tmp_path, {"a": (route(), ScriptedProvider(steps))}, budgets=budgets,
-                workloads={"default": {"requests_per_minute": 1}})  # fmt: skip
+    h = harness(
+        tmp_path,
+        {"a": (route(), ScriptedProvider(steps))},
+        budgets=budgets,
+        workloads={"default": {"requests_per_minute": 1}},
+    )
     reply = await h.gateway.chat(_raw(), RETRIED, "req-1")
     assert reply.after is not None
     await reply.after
@@ -402,10 +421,15 @@ async def test_an_idempotent_repeat_names_the_budget_stores_real_scope(tmp_path:
     from ncap.stores.idempotency import SQLiteIdempotency
 
     budgets = _sqlite_budgets(tmp_path)
-    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))},
-                budgets=budgets)  # fmt: skip
-    gw = Gateway(h.gateway.config, h.gateway.routes, h.gateway.accounting,
-                 idempotency=SQLiteIdempotency(budgets))  # fmt: skip
+    h = harness(
+        tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))}, budgets=budgets
+    )
+    gw = Gateway(
+        h.gateway.config,
+        h.gateway.routes,
+        h.gateway.accounting,
+        idempotency=SQLiteIdempotency(budgets),
+    )
     reply = await gw.chat(_raw(), CALLER, "req-1", idempotency_key="k")
     assert reply.after is not None
     await reply.after
@@ -417,8 +441,15 @@ async def test_an_idempotent_repeat_names_the_budget_stores_real_scope(tmp_path:
 
 
 async def test_an_exceptions_policy_result_and_reason_reach_the_row(tmp_path: Path) -> None:
-    exceptions = [{"id": "eval", "workload": "default", "owner": "o", "max_candidates": 8,
-                   "expires": "2030-01-01T00:00:00Z"}]  # fmt: skip
+    exceptions = [
+        {
+            "id": "eval",
+            "workload": "default",
+            "owner": "o",
+            "max_candidates": 8,
+            "expires": "2030-01-01T00:00:00Z",
+        }
+    ]
     answer = Answer(chat_body(*"abcdef"))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([answer]))}, exceptions=exceptions)
     reply = await h.chat(n=6, temperature=1.0)
@@ -492,8 +523,10 @@ async def test_a_primary_without_a_contract_is_named_in_the_refusal(tmp_path: Pa
 
 async def _fallback_served(tmp_path: Path, fallback_contract: dict[str, Any]) -> list[Any]:
     fallback = ScriptedProvider([Answer(chat_body("x", "y"))])
-    routes = {"a": (route(retries=0), ScriptedProvider([OVERLOADED])),
-              "b": (route(fallback_contract, upstream_model="up"), fallback)}  # fmt: skip
+    routes = {
+        "a": (route(retries=0), ScriptedProvider([OVERLOADED])),
+        "b": (route(fallback_contract, upstream_model="up"), fallback),
+    }
     h = harness(tmp_path, routes)
     try:
         reply = await h.chat(n=2, temperature=1.0)
@@ -506,8 +539,10 @@ async def _fallback_served(tmp_path: Path, fallback_contract: dict[str, Any]) ->
 
 async def test_a_fresh_fallback_with_a_max_age_serves(tmp_path: Path) -> None:
     verified = (datetime.now(UTC) - timedelta(days=1)).isoformat()
-    assert len(await _fallback_served(tmp_path, NATIVE | {"max_age": "30d",
-                                                          "verified_at": verified})) == 1  # fmt: skip
+    assert (
+        len(await _fallback_served(tmp_path, NATIVE | {"max_age": "30d", "verified_at": verified}))
+        == 1
+    )
 
 
 async def test_a_fallback_verified_for_another_provider_is_dropped(tmp_path: Path) -> None:
@@ -555,7 +590,12 @@ async def test_n_candidates_all_returned_may_be_emulated(
 
 
 async def test_a_legacy_stream_is_opened_on_the_completions_endpoint(tmp_path: Path) -> None:
-    text = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    chunk_ = {
+        "id": "c",
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
+    }
+    text = b"data: " + msgspec.json.encode(chunk_) + b"\n\ndata: [DONE]\n\n"
     provider = Recording([Stream(text)])
     h = harness(tmp_path, {"a": (route(timeout_s=7), provider)})
     reply = await h.gateway.completions(_legacy_raw(stream=True), CALLER, "req-1")
@@ -567,8 +607,11 @@ async def test_a_legacy_stream_is_opened_on_the_completions_endpoint(tmp_path: P
 
 
 async def test_an_unknown_or_forbidden_model_word_for_word(tmp_path: Path) -> None:
-    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))},
-                workloads={"default": {"models": ["m"]}})  # fmt: skip
+    h = harness(
+        tmp_path,
+        {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))},
+        workloads={"default": {"models": ["m"]}},
+    )
     for model in ("nope", "fake-model"):
         with pytest.raises(ModelNotFound) as info:
             await h.chat(model=model)
@@ -589,8 +632,9 @@ async def test_a_key_without_a_store_and_a_store_without_a_key(tmp_path: Path) -
     reply = await h.gateway.chat(_raw(), CALLER, "req-1", idempotency_key="k")  # no store
     assert reply.after is not None
     await reply.after
-    gw = Gateway(h.gateway.config, h.gateway.routes, h.gateway.accounting,
-                 idempotency=MemoryIdempotency())  # fmt: skip
+    gw = Gateway(
+        h.gateway.config, h.gateway.routes, h.gateway.accounting, idempotency=MemoryIdempotency()
+    )
     reply = await gw.chat(_raw(), CALLER, "req-2")  # no key: no hook
     assert reply.after is not None
     await reply.after

@@ -57,9 +57,13 @@ class Recording(MemoryIdempotency):
 
 
 def _gateway(
-    tmp: Path, steps: list[Any], *, keep: bool = False, store: MemoryIdempotency | None = None,
+    tmp: Path,
+    steps: list[Any],
+    *,
+    keep: bool = False,
+    store: MemoryIdempotency | None = None,
     **route_fields: Any,
-) -> tuple[Harness, Gateway, ScriptedProvider, MemoryIdempotency]:  # fmt: skip
+) -> tuple[Harness, Gateway, ScriptedProvider, MemoryIdempotency]:
     provider = ScriptedProvider(steps)
     server = {"idempotency_ttl_s": TTL, "idempotency_keep_answers": keep}
     h = harness(tmp, {"a": (route(**route_fields), provider)}, server=server)
@@ -96,14 +100,19 @@ async def test_a_repeat_is_refused_word_for_word_with_its_own_denial_row(tmp_pat
     (row,) = await h.rows("req-2")
     assert before <= row.timestamp <= after
     assert (row.request_id, row.attempt, row.workload_id, row.environment) == (
-        "req-2", 0, "default", "test",
-    )  # fmt: skip
+        "req-2",
+        0,
+        "default",
+        "test",
+    )
     assert (row.route_id, row.model_alias, row.upstream_model) == ("a", "m", "up-model")
     assert (row.requested_candidate_count, row.effective_candidate_count) == (2, 2)
     assert (row.stream_mode, row.quota_scope, row.gateway_instance) == (False, "instance", "test")
     assert (row.policy_result, row.policy_reason, row.state) == (
-        "deny", "idempotency_key_reused", "denied",
-    )  # fmt: skip
+        "deny",
+        "idempotency_key_reused",
+        "denied",
+    )
     assert (row.denied_by, row.client_retry_count) == ("idempotency_key", 3)
     assert (row.reserved_cost_micros, row.cost_micros) == (0, None)
     labels = {"workload": "default", "policy_result": "deny", "reason": "idempotency_key_reused"}
@@ -236,8 +245,9 @@ class Clock:
         return self.now
 
 
-def _record(raw: bytes = RAW, *, stream: bool = False, done: bool = False, answer: Any = None
-            ) -> bytes:  # fmt: skip
+def _record(
+    raw: bytes = RAW, *, stream: bool = False, done: bool = False, answer: Any = None
+) -> bytes:
     return idem._encode(
         idem._Record(idem._body_hash(raw), "req-1", stream, done=done, answer=answer)
     )
@@ -263,13 +273,13 @@ def _hook(
         if on_sleep is not None:
             await on_sleep(store)
 
-    hook = idem.Idempotency(store, h.gateway.accounting, ttl_s=ttl, keep_answers=keep,
-                            sleep=sleep)  # fmt: skip
+    hook = idem.Idempotency(store, h.gateway.accounting, ttl_s=ttl, keep_answers=keep, sleep=sleep)
     return hook, store, sleeps, clock, h
 
 
-def _request(raw: bytes = RAW, *, request_id: str = "req-2", stream: bool = False
-             ) -> idem.IdempotentRequest:  # fmt: skip
+def _request(
+    raw: bytes = RAW, *, request_id: str = "req-2", stream: bool = False
+) -> idem.IdempotentRequest:
     primary = RouteRuntime("a", Route.model_validate(route()), ScriptedProvider([]))
     return idem.IdempotentRequest("k", raw, CALLER, request_id, "m", primary, stream, None)
 
@@ -370,8 +380,12 @@ async def test_a_kept_answer_keeps_only_the_gateways_headers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hook, store, _, _, _ = _hook(tmp_path, monkeypatch)
-    headers = {"content-type": "application/json", "x-ncap-route": "a", "set-cookie": "s",
-               "x-request-id": "r"}  # fmt: skip
+    headers = {
+        "content-type": "application/json",
+        "x-ncap-route": "a",
+        "set-cookie": "s",
+        "x-request-id": "r",
+    }
 
     async def dispatch() -> Reply:
         return Reply(201, headers, b"body")
@@ -381,11 +395,16 @@ async def test_a_kept_answer_keeps_only_the_gateways_headers(
     assert found is not None
     record = msgspec.json.decode(found)
     assert record == {
-        "body_hash": idem._body_hash(RAW), "request_id": "req-1", "stream": False, "done": True,
-        "answer": {"status": 201, "headers": {"content-type": "application/json",
-                                              "x-ncap-route": "a"},
-                   "body": msgspec.json.decode(_encode_bytes(b"body"))},
-    }  # fmt: skip
+        "body_hash": idem._body_hash(RAW),
+        "request_id": "req-1",
+        "stream": False,
+        "done": True,
+        "answer": {
+            "status": 201,
+            "headers": {"content-type": "application/json", "x-ncap-route": "a"},
+            "body": msgspec.json.decode(_encode_bytes(b"body")),
+        },
+    }
 
 
 async def test_a_streamed_answer_is_never_kept(

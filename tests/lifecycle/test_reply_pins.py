@@ -319,10 +319,11 @@ async def test_an_aborted_fan_out_logs_why_and_sends_each_branch_the_body(
 
 async def test_a_providers_own_refusal_of_a_branch_reaches_the_client(tmp_path: Path) -> None:
     for stream in (False, True):
-        provider = ScriptedProvider([_ok("x") if stream else Answer(chat_body("x")),
-                                     Fail(Overloaded("busy"))])  # fmt: skip
+        provider = ScriptedProvider(
+            [_ok("x") if stream else Answer(chat_body("x")), Fail(Overloaded("busy"))]
+        )
         h = harness(tmp_path, {"a": (route(EMULATE), provider)})
-        with pytest.raises(Overloaded, match="^busy$"):
+        with pytest.raises(Overloaded, match=r"^busy$"):
             await h.chat(f"req-{stream}", n=2, temperature=1.0, stream=stream)
 
 
@@ -337,14 +338,23 @@ async def test_a_fan_out_whose_first_branch_has_no_usage_has_none(tmp_path: Path
     assert "usage" not in msgspec.json.decode(reply.body)
 
 
-def _text_chunk(text: str | None, *, finish: str | None = None,
-                usage: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+def _text_chunk(
+    text: str | None, *, finish: str | None = None, usage: tuple[int, int] | None = None
+) -> dict[str, Any]:
     choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": finish}]
-    out: dict[str, Any] = {"id": "cmpl-up", "object": "text_completion", "created": 1,
-                           "model": "scripted", "choices": choices}  # fmt: skip
+    out: dict[str, Any] = {
+        "id": "cmpl-up",
+        "object": "text_completion",
+        "created": 1,
+        "model": "scripted",
+        "choices": choices,
+    }
     if usage is not None:
-        out["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
-                        "total_tokens": sum(usage)}  # fmt: skip
+        out["usage"] = {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        }
     return out
 
 
@@ -353,8 +363,16 @@ async def test_a_legacy_fan_out_stream_speaks_text_completion(tmp_path: Path) ->
         return _branch(_text_chunk(text, finish="stop"), _text_chunk(None, usage=(3, 1)))
 
     h = harness(tmp_path, {"a": (route(EMULATE), ScriptedProvider([branch("a"), branch("b")]))})
-    raw = msgspec.json.encode({"model": "m", "prompt": "hi", "n": 2, "temperature": 1,
-                               "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    raw = msgspec.json.encode(
+        {
+            "model": "m",
+            "prompt": "hi",
+            "n": 2,
+            "temperature": 1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     reply = await h.gateway.completions(raw, CALLER, "req-1")
     out = events(await drain(reply.stream))
     *chunks, usage, done = out

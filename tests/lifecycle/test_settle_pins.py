@@ -66,12 +66,22 @@ class Observer:
 
 
 def _observed(
-    tmp: Path, steps: list[Any], observer: Observer, *, budgets: MemoryBudgetStore | None = None,
+    tmp: Path,
+    steps: list[Any],
+    observer: Observer,
+    *,
+    budgets: MemoryBudgetStore | None = None,
     **overrides: Any,
-) -> Harness:  # fmt: skip
+) -> Harness:
     h = harness(tmp, {"a": (route(), ScriptedProvider(steps))}, budgets=budgets, **overrides)
-    accounting = Accounting(h.gateway.config, h.ledger, h.budgets, instance="test",
-                            metrics=h.metrics, observers=[observer])  # fmt: skip
+    accounting = Accounting(
+        h.gateway.config,
+        h.ledger,
+        h.budgets,
+        instance="test",
+        metrics=h.metrics,
+        observers=[observer],
+    )
     h.gateway = Gateway(h.gateway.config, h.gateway.routes, accounting, sleep=_no_sleep)
     return h
 
@@ -88,14 +98,20 @@ async def test_observers_are_told_each_final_row(tmp_path: Path) -> None:
     assert plan.request_id == "req-1" and outcome == "completed"
     assert attempt is not None and (attempt.number, attempt.route.id) == (1, "a")
     assert (final["state"], final["input_tokens"], final["usage_source"]) == (
-        "settled", 10, "provider_response",
-    )  # fmt: skip
+        "settled",
+        10,
+        "provider_response",
+    )
 
 
 async def test_observers_are_told_of_a_denial_with_its_plan(tmp_path: Path) -> None:
     observer = Observer()
-    h = _observed(tmp_path, [Answer(chat_body("a"))], observer,
-                  workloads={"default": {"requests_per_minute": 1}})  # fmt: skip
+    h = _observed(
+        tmp_path,
+        [Answer(chat_body("a"))],
+        observer,
+        workloads={"default": {"requests_per_minute": 1}},
+    )
     await _settled(await h.chat("req-1"))
     with pytest.raises(RateLimited):
         await h.chat("req-2")
@@ -125,8 +141,10 @@ async def test_an_answer_row_keeps_the_providers_own_id_and_every_finish(tmp_pat
     (row,) = await h.rows()
     assert (row.provider_request_id, row.finish_reasons) == ("hdr-1", {"stop": 2})
     assert (row.usage_source, row.cached_input_tokens, row.reasoning_tokens) == (
-        "provider_response", 0, None,
-    )  # fmt: skip
+        "provider_response",
+        0,
+        None,
+    )
     assert row.output_tokens_per_choice is None  # two choices, counts unknown
 
 
@@ -139,8 +157,10 @@ async def test_one_native_choice_is_not_split_from_the_total(tmp_path: Path) -> 
 
 async def test_reasoning_and_cached_tokens_reach_the_row(tmp_path: Path) -> None:
     body = msgspec.json.decode(chat_body("a", usage=(10, 5)))
-    body["usage"] |= {"prompt_tokens_details": {"cached_tokens": 4},
-                      "completion_tokens_details": {"reasoning_tokens": 3}}  # fmt: skip
+    body["usage"] |= {
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
     answer = Answer(msgspec.json.encode(body))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([answer]))})
     await _settled(await h.chat())
@@ -271,15 +291,19 @@ class Engine(ScriptedProvider):
 
         async def events() -> AsyncIterator[StreamEvent]:
             async def lines() -> AsyncIterator[bytes]:
-                text = sse(chunk(0, "a", finish="stop"), chunk(1, "b", finish="stop"),
-                           chunk(None, usage=(3, 5)))  # fmt: skip
+                text = sse(
+                    chunk(0, "a", finish="stop"),
+                    chunk(1, "b", finish="stop"),
+                    chunk(None, usage=(3, 5)),
+                )
                 for line in text.splitlines(keepends=True):
                     yield line
 
             async for event in iter_events(lines()):
                 if event.summary is not None and event.summary.usage is not None:
-                    event = StreamEvent(event.raw, event.summary, data=event.data,
-                                        choice_tokens=(2, 3))  # fmt: skip
+                    event = StreamEvent(
+                        event.raw, event.summary, data=event.data, choice_tokens=(2, 3)
+                    )
                 yield event
 
         yield "engine-1", events()
@@ -298,13 +322,16 @@ async def test_a_streams_per_choice_counts_reach_the_row(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("failure", "line", "level"),
     [
-        (AttemptFailed("status", 400, error=UpstreamErrorDetail("no", param="messages")),
-         "status=400 reason=request_rejected outcome=rejected", logging.INFO),
+        (
+            AttemptFailed("status", 400, error=UpstreamErrorDetail("no", param="messages")),
+            "status=400 reason=request_rejected outcome=rejected",
+            logging.INFO,
+        ),
         (AttemptFailed("status", 403), "status=403 reason=other_4xx", logging.INFO),
         (AttemptFailed("status", 500), "status=500 reason=other_status", logging.WARNING),
         (AttemptFailed("timeout"), "status=- reason=timeout", logging.WARNING),
     ],
-)  # fmt: skip
+)
 async def test_each_failure_is_one_line_at_its_level(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, failure: AttemptFailed, line: str, level: int
 ) -> None:
@@ -352,8 +379,11 @@ async def test_a_budget_denial_without_a_window_is_counted_as_unknown(
 async def test_a_denied_fan_out_records_one_request_per_branch(
     tmp_path: Path, workload: dict[str, Any], window: str
 ) -> None:
-    h = harness(tmp_path, {"a": (route(EMULATE), ScriptedProvider([]))},
-                workloads={"default": workload | {"max_candidates": 3}})  # fmt: skip
+    h = harness(
+        tmp_path,
+        {"a": (route(EMULATE), ScriptedProvider([]))},
+        workloads={"default": workload | {"max_candidates": 3}},
+    )
     with pytest.raises(RateLimited):
         await h.chat(n=3, temperature=1.0)
     (row,) = await h.rows()
@@ -363,11 +393,20 @@ async def test_a_denied_fan_out_records_one_request_per_branch(
 async def test_the_hold_is_charged_at_the_accountings_clock_and_exception(
     tmp_path: Path,
 ) -> None:
-    exceptions = [{"id": "eval", "workload": "default", "owner": "o", "max_candidates": 8,
-                   "expires": "2030-01-01T00:00:00Z", "budget_usd": 1.0}]  # fmt: skip
+    exceptions = [
+        {
+            "id": "eval",
+            "workload": "default",
+            "owner": "o",
+            "max_candidates": 8,
+            "expires": "2030-01-01T00:00:00Z",
+            "budget_usd": 1.0,
+        }
+    ]
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))}, exceptions=exceptions)
-    accounting = Accounting(h.gateway.config, h.ledger, h.budgets, instance="test",
-                            metrics=h.metrics, clock=lambda: NOW)  # fmt: skip
+    accounting = Accounting(
+        h.gateway.config, h.ledger, h.budgets, instance="test", metrics=h.metrics, clock=lambda: NOW
+    )
     gw = Gateway(h.gateway.config, h.gateway.routes, accounting)
     raw = b'{"model":"m","n":6,"temperature":1,"messages":[{"role":"user","content":"x"}]}'
     body, request = parse_chat_request(raw)
@@ -379,8 +418,16 @@ async def test_the_hold_is_charged_at_the_accountings_clock_and_exception(
 
 
 async def test_an_exhausted_exception_budget_refuses(tmp_path: Path) -> None:
-    exceptions = [{"id": "eval", "workload": "default", "owner": "o", "max_candidates": 8,
-                   "expires": "2030-01-01T00:00:00Z", "budget_usd": 0.000001}]  # fmt: skip
+    exceptions = [
+        {
+            "id": "eval",
+            "workload": "default",
+            "owner": "o",
+            "max_candidates": 8,
+            "expires": "2030-01-01T00:00:00Z",
+            "budget_usd": 0.000001,
+        }
+    ]
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))}, exceptions=exceptions)
     with pytest.raises(BudgetExhausted):
         await h.chat(n=6, temperature=1.0)
@@ -417,8 +464,10 @@ async def test_a_full_backlog_raises_a_store_error_of_its_own() -> None:
     with pytest.raises(StoreUnavailable) as info:
         await deferred.run(_Steps([store.step("b")]))  # behind the first: no store error
     assert (info.value.store, info.value.backend, info.value.detail) == (
-        "ledger or budgets", "store", "settlements backlog",
-    )  # fmt: skip
+        "ledger or budgets",
+        "store",
+        "settlements backlog",
+    )
     await deferred.close()
 
 

@@ -82,8 +82,9 @@ async def test_the_audit_trail_row_by_row(store: AdminStore) -> None:
     await store.record(_create(GRANT), AT)
     await store.record(AdminChange("bob", "revoke", "key", "k9"), AT + timedelta(minutes=1))
     first, second = await store.audit()
-    assert first == AuditEntry(1, AT, "alice", "create", "exception", "eval",
-                               GRANT.model_dump(mode="json"))  # fmt: skip
+    assert first == AuditEntry(
+        1, AT, "alice", "create", "exception", "eval", GRANT.model_dump(mode="json")
+    )
     assert second == AuditEntry(2, AT + timedelta(minutes=1), "bob", "revoke", "key", "k9", {})
     assert await store.audit(limit=1) == [second]  # the newest, oldest first
     assert await store.audit(limit=5) == [first, second]
@@ -97,9 +98,15 @@ async def test_the_audit_keeps_the_instant_whatever_its_zone(store: AdminStore) 
 
 
 def _alert(threshold: int = 80, **kw: Any) -> BudgetAlertRow:
-    fields: dict[str, Any] = {"subject": "w", "scope": "day", "period": "2026-12-01",
-                              "threshold_pct": threshold, "fired_at": AT, "spent_micros": 8,
-                              "limit_micros": 10}  # fmt: skip
+    fields: dict[str, Any] = {
+        "subject": "w",
+        "scope": "day",
+        "period": "2026-12-01",
+        "threshold_pct": threshold,
+        "fired_at": AT,
+        "spent_micros": 8,
+        "limit_micros": 10,
+    }
     return BudgetAlertRow(**(fields | kw))
 
 
@@ -171,8 +178,13 @@ async def test_sqlite_keeps_everything_across_a_reopen(tmp_path: Path) -> None:
 
 async def test_sqlite_marks_only_the_alert_named(tmp_path: Path) -> None:
     store = SQLiteAdminStore(tmp_path / "l.db")
-    for alert in (_alert(), _alert(100), _alert(subject="x"), _alert(scope="month"),
-                  _alert(period="2026-12-02")):  # fmt: skip
+    for alert in (
+        _alert(),
+        _alert(100),
+        _alert(subject="x"),
+        _alert(scope="month"),
+        _alert(period="2026-12-02"),
+    ):
         await store.claim_alert(alert)
     await store.mark_delivered(_alert())
     await store.close()

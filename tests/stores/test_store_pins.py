@@ -35,10 +35,17 @@ WINDOWS = BudgetWindows(max_concurrency=100)
 
 
 def _row(request_id: str = "req-1", **kw: Any) -> LedgerEvent:
-    base: dict[str, Any] = {"timestamp": NOW, "request_id": request_id, "attempt": 1,
-                            "workload_id": "w", "environment": "production",
-                            "reserved_input_tokens": 40, "reserved_output_tokens": 60,
-                            "reserved_cost_micros": 500, "state": "reserved"}  # fmt: skip
+    base: dict[str, Any] = {
+        "timestamp": NOW,
+        "request_id": request_id,
+        "attempt": 1,
+        "workload_id": "w",
+        "environment": "production",
+        "reserved_input_tokens": 40,
+        "reserved_output_tokens": 60,
+        "reserved_cost_micros": 500,
+        "state": "reserved",
+    }
     return LedgerEvent(**(base | kw))
 
 
@@ -178,8 +185,13 @@ async def test_an_export_from_an_instant_includes_every_row_at_it(tmp_path: Path
 
 
 def test_spent_totals_count_a_zero_usage_row_as_zero() -> None:
-    row = _row(state="settled", usage_source="provider_response", total_tokens=0, cost_micros=0,
-               policy_result="allow")  # fmt: skip
+    row = _row(
+        state="settled",
+        usage_source="provider_response",
+        total_tokens=0,
+        cost_micros=0,
+        policy_result="allow",
+    )
     (total,) = spent_totals([row], NOW - timedelta(hours=1))
     assert (total.tokens, total.cost_micros, total.requests) == (0, 0, 1)
 
@@ -225,8 +237,10 @@ async def test_the_oldest_record_is_evicted_first_and_a_rewrite_is_new() -> None
     assert await records.swap("a", b"1", b"1+", 60)  # rewritten: now the newest
     await records.claim("c", b"3", 60)
     assert (await records.get("a"), await records.get("b"), await records.get("c")) == (
-        b"1+", None, b"3",
-    )  # fmt: skip
+        b"1+",
+        None,
+        b"3",
+    )
 
 
 def test_no_records_for_an_unknown_budget_store() -> None:
