@@ -638,3 +638,12 @@ async def test_a_key_without_a_store_and_a_store_without_a_key(tmp_path: Path) -
     reply = await gw.chat(_raw(), CALLER, "req-2")  # no key: no hook
     assert reply.after is not None
     await reply.after
+
+
+async def test_a_legacy_best_of_of_zero_counts_as_absent(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(_completion_body())]))})
+    reply = await h.gateway.completions(_legacy_raw(best_of=0), CALLER, "req-1")
+    assert reply.after is not None
+    await reply.after
+    (row,) = await h.rows()
+    assert (row.requested_candidate_count, row.effective_candidate_count) == (None, 1)
