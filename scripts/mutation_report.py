@@ -3,7 +3,9 @@
 Reads mutmut's own result files (``mutants/**/*.py.meta``: the exit code of the test
 run per mutant) and, for every surviving mutant, its diff (``mutmut show``). What a
 survivor means (a missing test, or an equivalent mutant) is written by hand above the
-markers; this script only refreshes the numbers and the list.
+markers; this script only refreshes the numbers and the list. A part's score is its
+killed mutants over all its mutants: one no test reaches, or not checked yet, counts
+as not killed.
 
     python scripts/mutation_report.py [--check] [--diffs]
     # --check: exit 1 when a part is below its target; --diffs: each survivor's diff

@@ -288,3 +288,31 @@ async def test_the_sqlite_ledger_commits_at_synchronous_normal_by_default(tmp_pa
     assert (await default._writer.run(level), await full._writer.run(level)) == (1, 2)
     await default.close()
     await full.close()
+
+
+@pytest.mark.parametrize("end", ["settle", "release"])
+async def test_sqlite_prunes_past_minutes_and_never_revives_them(tmp_path: Path, end: str) -> None:
+    import sqlite3
+
+    clock = Clock(NOW)
+    store = SQLiteBudgetStore(tmp_path / "b.db", clock=clock)
+    old = await store.reserve("w", WINDOWS, Amounts(100, 500), now=NOW, hold_id="old")
+    await store.reserve("x", WINDOWS, Amounts(3, 3), now=NOW, hold_id="other")
+    clock.now = NOW + timedelta(minutes=1)
+    await store.reserve("w", WINDOWS, Amounts(7, 30), now=clock.now, hold_id="new")
+    if end == "settle":
+        await store.settle(old, 10, 50)
+    else:
+        await store.release(old)
+    await store.close()
+    with sqlite3.connect(tmp_path / "b.db") as conn:
+        minutes = conn.execute(
+            "SELECT subject, kind, bucket FROM budget_counters"
+            " WHERE kind IN ('tokens_minute', 'requests_minute') ORDER BY subject, kind"
+        ).fetchall()
+    assert minutes == [
+        ("w", "requests_minute", "2026-11-29T10:16"),
+        ("w", "tokens_minute", "2026-11-29T10:16"),
+        ("x", "requests_minute", "2026-11-29T10:15"),  # another workload's: pruned by its own
+        ("x", "tokens_minute", "2026-11-29T10:15"),
+    ]
