@@ -285,9 +285,11 @@ async def test_the_sqlite_ledger_commits_at_synchronous_normal_by_default(tmp_pa
 
     default = SQLiteLedgerStore(tmp_path / "a.db")
     full = SQLiteLedgerStore(tmp_path / "b.db", synchronous="FULL")
-    assert (await default._writer.run(level), await full._writer.run(level)) == (1, 2)
-    await default.close()
-    await full.close()
+    budgets = SQLiteBudgetStore(tmp_path / "c.db")  # budgets: FULL by default
+    levels = [await s._writer.run(level) for s in (default, full, budgets)]
+    assert levels == [1, 2, 2]
+    for store in (default, full, budgets):
+        await store.close()
 
 
 @pytest.mark.parametrize("end", ["settle", "release"])
