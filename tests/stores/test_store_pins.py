@@ -279,7 +279,7 @@ async def test_an_sqlite_budget_stores_holds_are_local_by_default(tmp_path: Path
     assert hold.gateway_instance == "local"
 
 
-async def test_the_sqlite_ledger_commits_at_synchronous_normal_by_default(tmp_path: Path) -> None:
+async def test_sqlite_stores_commit_at_their_synchronous_levels(tmp_path: Path) -> None:
     def level(conn: Any) -> int:
         return int(conn.execute("PRAGMA synchronous").fetchone()[0])
 
