@@ -3,7 +3,9 @@
 Reads mutmut's own result files (``mutants/**/*.py.meta``: the exit code of the test
 run per mutant) and, for every surviving mutant, its diff (``mutmut show``). What a
 survivor means (a missing test, or an equivalent mutant) is written by hand above the
-markers; this script only refreshes the numbers and the list.
+markers; this script only refreshes the numbers and the list. A part's score is its
+killed mutants over all its mutants: one no test reaches, or not checked yet, counts
+as not killed.
 
     python scripts/mutation_report.py [--check] [--diffs]
     # --check: exit 1 when a part is below its target; --diffs: each survivor's diff
@@ -37,6 +39,9 @@ def _results() -> dict[str, dict[str, int | None]]:
     return by_file
 
 
+NO_TESTS = 33  # no selected test reaches the mutated function
+
+
 def _status(code: int | None) -> str:
     if code in KILLED:
         return "killed"
@@ -44,6 +49,8 @@ def _status(code: int | None) -> str:
         return "timeout"  # the mutant made the tests hang: counted as killed
     if code == 0:
         return "survived"
+    if code == NO_TESTS:
+        return "no test"
     return "not checked" if code is None else "other"
 
 
@@ -60,8 +67,11 @@ def _diff(name: str) -> str:
 
 
 def _score(counts: Counter[str]) -> tuple[float, int]:
-    done = counts["killed"] + counts["timeout"] + counts["survived"]
-    return ((counts["killed"] + counts["timeout"]) / done if done else 1.0), done
+    """Killed over the whole scope: a mutant no test reaches, one not checked yet and
+    any other outcome count as not killed (the score cannot rise by checking less)."""
+    total = sum(counts.values())
+    checked = counts["killed"] + counts["timeout"] + counts["survived"] + counts["no test"]
+    return ((counts["killed"] + counts["timeout"]) / total if total else 1.0), checked
 
 
 def _group(names: list[str]) -> list[str]:
@@ -86,30 +96,34 @@ def render(
         score, done = _score(counts)
         rows.append(
             f"| `{source}` | {len(codes)} | {counts['killed'] + counts['timeout']} "
-            f"| {counts['survived']} | {counts['not checked'] + counts['other']} "
+            f"| {counts['survived']} | {counts['no test']} "
+            f"| {counts['not checked'] + counts['other']} "
             f"| {f'{score:.1%}' if done else 'not run'} |"
         )
-        survivors += [name for name, code in codes.items() if _status(code) == "survived"]
+        survivors += [
+            name for name, code in codes.items() if _status(code) in ("survived", "no test")
+        ]
     scores: dict[str, float] = {}
     summary = []
     for part, total in parts.items():
         scores[part], done = _score(total)
         summary.append(
             f"- `{part}`: **{scores[part]:.1%}** (target {TARGETS[part]:.0%}): "
-            f"{total['killed'] + total['timeout']} killed of {done} checked, "
-            f"{total['survived']} survived, {total['not checked']} not checked, "
-            f"{total['other']} without a covering test"
+            f"{total['killed'] + total['timeout']} killed of {sum(total.values())} mutants "
+            f"({done} checked: {total['survived']} survived, {total['no test']} reached by "
+            f"no test; {total['not checked'] + total['other']} not checked)"
         )
     out = [
         BEGIN,
         "",
         *summary,
         "",
-        "| file | mutants | killed | survived | not run | score |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| file | mutants | killed | survived | no test | not checked | score |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
-        "Surviving mutants, by function (`mutmut show <module.function>__mutmut_<n>`):",
+        "Surviving mutants (and any no test reaches), by function "
+        "(`mutmut show <module.function>__mutmut_<n>`):",
         "",
     ]
     if not diffs:

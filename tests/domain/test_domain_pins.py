@@ -12,14 +12,30 @@ from typing import Any
 
 import pytest
 
-from ncap.config import Contract, ExceptionGrant, Limits, Pricing, Workload
+from ncap.config import Contract, ExceptionGrant, Fingerprint, Limits, Pricing, Workload
 from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
 from ncap.domain.contracts import candidates_mode, check_route
 from ncap.domain.events import LedgerEvent, ReconciliationRow, reconcile, settle
 from ncap.domain.money import cost_micros, format_usd
 from ncap.domain.policy import decide
+from ncap.domain.probe import (
+    ProbeInconclusive,
+    ProbeReply,
+    StreamReply,
+    derive_contract,
+    probe_requests,
+    stated_maximum,
+)
 from ncap.domain.reservation import estimate_input_tokens, reservation_for
-from ncap.errors import PolicyDenied, RateLimited
+from ncap.errors import (
+    BudgetExhausted,
+    ConcurrencyLimitExceeded,
+    PolicyDenied,
+    RateLimited,
+    RateLimitExceeded,
+    Refusal,
+    RouteDoesNotSupportCandidates,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -261,3 +277,408 @@ def test_estimate_hand_counted(
     messages: list[dict[str, Any]], extras: dict[str, Any], expected: int
 ) -> None:
     assert estimate_input_tokens(messages, **extras) == expected
+
+
+# -- every denial word for word, with its retry delay and its Refusal (issue 13b) --------------
+# NOW is 12:00:00 UTC: the next minute is 60 s away, the next day 12 h.
+
+_HINT = " Lower n or max_completion_tokens, or wait for the budget period to reset."
+
+
+def _refused(
+    windows: BudgetWindows, usage: Usage, amounts: Amounts, exception_id: str | None = None
+) -> RateLimited:
+    with pytest.raises(RateLimited) as info:
+        admit("w", exception_id, usage, windows, amounts, Buckets.at(NOW))
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("windows", "usage", "exception_id", "message", "retry_after", "refusal"),
+    [
+        (
+            BudgetWindows(exception_budget_micros=5),
+            Usage(cost_exception=2),
+            "x1",
+            "Workload 'w': the exception 'x1' budget of $0.000005 cannot cover this request's "
+            "reservation of $0.000004 ($0.000002 already spent or held).",
+            None,
+            Refusal("exception", 5, 4),
+        ),
+        (
+            BudgetWindows(usd_per_month_micros=5),
+            Usage(cost_month=2),
+            None,
+            "Workload 'w': the monthly USD budget of $0.000005 cannot cover this request's "
+            "reservation of $0.000004 ($0.000002 already spent or held).",
+            None,
+            Refusal("usd_micros_month", 5, 4),
+        ),
+        (
+            BudgetWindows(usd_per_day_micros=5),
+            Usage(cost_day=2),
+            None,
+            "Workload 'w': the daily USD budget of $0.000005 cannot cover this request's "
+            "reservation of $0.000004 ($0.000002 already spent or held).",
+            12 * 3600.0,
+            Refusal("usd_micros_day", 5, 4),
+        ),
+        (
+            BudgetWindows(tokens_per_day=10),
+            Usage(tokens_day=4),
+            None,
+            "Workload 'w': the daily token budget of 10 cannot cover this request's "
+            "reservation of 7 tokens (4 already used or held).",
+            12 * 3600.0,
+            Refusal("tokens_day", 10, 7),
+        ),
+    ],
+)
+def test_budget_denials_word_for_word(
+    windows: BudgetWindows,
+    usage: Usage,
+    exception_id: str | None,
+    message: str,
+    retry_after: float | None,
+    refusal: Refusal,
+) -> None:
+    error = _refused(windows, usage, Amounts(tokens=7, cost_micros=4), exception_id)
+    assert type(error) is BudgetExhausted
+    assert error.message == message + _HINT
+    assert error.retry_after == retry_after
+    assert error.refusal == refusal
+
+
+def test_an_exception_budget_counts_only_with_an_engaged_exception() -> None:
+    windows = BudgetWindows(exception_budget_micros=1)
+    admit("w", None, Usage(cost_exception=9), windows, Amounts(1, 4), Buckets.at(NOW))
+
+
+def test_rate_denials_word_for_word() -> None:
+    never = _refused(BudgetWindows(tokens_per_minute=6), Usage(), Amounts(7, 0))
+    assert type(never) is BudgetExhausted
+    assert never.message == (
+        "Workload 'w': this request reserves 7 tokens, more than its whole per-minute limit "
+        "of 6; it can never be admitted. Lower n or max_completion_tokens."
+    )
+    assert (never.retry_after, never.refusal) == (None, Refusal("tokens_minute", 6, 7))
+
+    tpm = _refused(BudgetWindows(tokens_per_minute=10), Usage(tokens_minute=4), Amounts(7, 0))
+    assert type(tpm) is RateLimitExceeded
+    assert tpm.message == (
+        "Workload 'w': the tokens-per-minute limit of 10 is reached (4 used or held, 7 requested)."
+    )
+    assert (tpm.retry_after, tpm.refusal) == (60.0, Refusal("tokens_minute", 10, 7))
+
+    rpm = _refused(BudgetWindows(requests_per_minute=3), Usage(requests_minute=3), Amounts(7, 0))
+    assert type(rpm) is RateLimitExceeded
+    assert rpm.message == "Workload 'w': the requests-per-minute limit of 3 is reached."
+    assert (rpm.retry_after, rpm.refusal) == (60.0, Refusal("requests_minute", 3, 1))
+
+
+def test_rate_windows_at_their_edges() -> None:
+    buckets = Buckets.at(NOW)
+    # a reservation exactly the per-minute limit fits an empty minute, and exactly fills
+    # a partly used one
+    admit("w", None, Usage(), BudgetWindows(tokens_per_minute=7), Amounts(7, 0), buckets)
+    admit("w", None, Usage(tokens_minute=3), BudgetWindows(tokens_per_minute=10), Amounts(7, 0),
+          buckets)  # fmt: skip
+    # the last request of the minute fits; the tokens window does not count requests
+    admit("w", None, Usage(requests_minute=2), BudgetWindows(requests_per_minute=3),
+          Amounts(7, 0), buckets)  # fmt: skip
+    # one token over a partly used minute is a retry, not a wall
+    over = _refused(BudgetWindows(tokens_per_minute=10), Usage(tokens_minute=4), Amounts(7, 0))
+    assert type(over) is RateLimitExceeded
+
+
+def test_a_budget_wins_over_a_rate_limit_and_is_named() -> None:
+    windows = BudgetWindows(tokens_per_day=1, tokens_per_minute=1, requests_per_minute=1)
+    error = _refused(windows, Usage(requests_minute=1), Amounts(7, 0))
+    assert error.refusal == Refusal("tokens_day", 1, 7)
+
+
+def test_concurrency_denial_word_for_word() -> None:
+    windows = BudgetWindows(max_concurrency=2)
+    admit("w", None, Usage(in_flight=1), windows, Amounts(7, 0), Buckets.at(NOW))
+    error = _refused(windows, Usage(in_flight=2), Amounts(7, 0))
+    assert type(error) is ConcurrencyLimitExceeded
+    assert error.message == (
+        "Workload 'w' already has 2 request(s) in flight, its limit is 2. Retry shortly."
+    )
+    assert (error.retry_after, error.refusal) == (1.0, Refusal("concurrency", 2, 1))
+
+
+# -- a route's contract refusals, with their Refusal ----------------------------------------
+
+
+@pytest.mark.parametrize("candidates", [None, "unsupported"])
+def test_a_route_without_n_refuses_naming_its_limit(candidates: str | None) -> None:
+    with pytest.raises(RouteDoesNotSupportCandidates) as info:
+        check_route(Contract(candidates=candidates, max_candidates=8), "r1", 3, now=NOW)
+    assert (info.value.param, info.value.refusal) == ("n", Refusal("route_max_candidates", 1, 3))
+    with pytest.raises(RouteDoesNotSupportCandidates):
+        check_route(None, "r1", 3, now=NOW)
+
+
+@pytest.mark.parametrize("candidates", ["native", "emulate"])
+def test_a_route_above_its_maximum_word_for_word(candidates: str) -> None:
+    contract = _contract(candidates=candidates, max_candidates=4)
+    check_route(contract, "r1", 4, now=NOW)  # exactly the maximum is served
+    with pytest.raises(RouteDoesNotSupportCandidates) as info:
+        check_route(contract, "r1", 5, now=NOW)
+    assert info.value.message == (
+        "Route 'r1' is verified for at most 4 candidate(s); n=5 was requested. Send n <= 4."
+    )
+    assert (info.value.param, info.value.refusal) == ("n", Refusal("route_max_candidates", 4, 5))
+
+
+# -- the probe: the output cap where usage reveals it, whatever the previous record said ----
+
+_CEILING = 8
+_PRINT = Fingerprint(provider="openai", upstream_model="m", gateway_version="0.1.0")
+
+
+def _answer(finishes: list[str], usage: Any) -> dict[str, Any]:
+    choices = [
+        {"index": i, "finish_reason": f, "message": {"role": "assistant", "content": "x"}}
+        for i, f in enumerate(finishes)
+    ]
+    return {"model": "m", "choices": choices, "usage": usage}
+
+
+_STREAM = StreamReply(200, [{"choices": [{"index": 0}, {"index": 1}]}])
+
+
+def _cap(finishes: list[str], usage: Any, previous: str) -> str:
+    findings = derive_contract(
+        ProbeReply(200, _answer(finishes, usage)),
+        _STREAM,
+        requested_n=len(finishes),
+        ceiling=_CEILING,
+        previous=Contract(output_cap=previous),  # type: ignore[arg-type]
+        fingerprint=_PRINT,
+        now=NOW,
+    )
+    assert findings.candidates == "native"
+    return findings.contract.output_cap
+
+
+def _details(completion: Any, reasoning: Any = None) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": 5, "completion_tokens": completion}
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return usage
+
+
+LENGTH2 = ["length", "length"]
+
+
+@pytest.mark.parametrize(
+    ("finishes", "usage", "revealed"),
+    [
+        # every choice at the ceiling, one token above one ceiling: per candidate
+        (LENGTH2, _details(9), "per_candidate"),
+        (LENGTH2, _details(9, 0), "per_candidate"),
+        # exactly one ceiling of visible output, every choice cut: shared
+        (LENGTH2, _details(8), "shared"),
+        # one choice cut, the output fits one ceiling: shared
+        (["length", "stop"], _details(8), "shared"),
+        (["stop", "length"], _details(1, 0), "shared"),
+        # one choice cut with output above one ceiling: nothing proven
+        (["length", "stop"], _details(9), None),
+        # reasoning is not visible output: 16 - 7 = 9 visible, above one ceiling
+        (LENGTH2, _details(16, 7), "per_candidate"),
+        # 16 - 8 = 8 visible, but reasoning may have spent the budget: nothing proven
+        (LENGTH2, _details(16, 8), None),
+        (["length", "stop"], _details(2, 1), None),
+        # reasoning that is not a count counts as none
+        (LENGTH2, _details(8, "7"), "shared"),
+        (LENGTH2, {"completion_tokens": 8, "completion_tokens_details": [7]}, "shared"),
+        # no choice cut: nothing proven
+        (["stop", "stop"], _details(1), None),
+        (["stop", "content_filter"], _details(20), None),
+        # usage that does not say how much was generated proves nothing
+        (LENGTH2, None, None),
+        (LENGTH2, [9], None),
+        (LENGTH2, {"prompt_tokens": 5}, None),
+        (LENGTH2, {"completion_tokens": "9"}, None),
+    ],
+)
+@pytest.mark.parametrize("previous", ["per_candidate", "shared"])
+def test_the_output_cap_is_revealed_only_by_usage(
+    finishes: list[str], usage: Any, revealed: str | None, previous: str
+) -> None:
+    assert _cap(finishes, usage, previous) == (revealed or previous)
+
+
+def test_a_probe_that_is_not_native_keeps_the_previous_output_cap() -> None:
+    # one choice (n ignored), cut at the ceiling with little output: would say "shared"
+    findings = derive_contract(
+        ProbeReply(200, _answer(["length"], _details(5))),
+        _STREAM,
+        requested_n=2,
+        ceiling=_CEILING,
+        previous=Contract(output_cap="per_candidate"),
+        fingerprint=_PRINT,
+        now=NOW,
+    )
+    assert (findings.candidates, findings.contract.output_cap) == ("ignored", "per_candidate")
+    assert (findings.returned, findings.reported_model, findings.stream_indexes) == (1, "m", 2)
+
+
+def _derive(reply: ProbeReply, n: int = 2, previous: Contract | None = None,
+            stream: StreamReply = _STREAM) -> Any:  # fmt: skip
+    return derive_contract(
+        reply,
+        stream,
+        requested_n=n,
+        ceiling=_CEILING,
+        previous=previous or Contract(),
+        fingerprint=_PRINT,
+        now=NOW,
+    )
+
+
+def test_the_probe_needs_two_candidates_word_for_word() -> None:
+    with pytest.raises(ValueError, match=r"^the probe needs n >= 2 to tell native from ignored$"):
+        _derive(ProbeReply(200, _answer(LENGTH2, _details(9))), n=1)
+
+
+def test_a_stream_that_disagrees_is_noted_word_for_word() -> None:
+    one = StreamReply(200, [{"choices": [{"index": 0}]}])
+    findings = _derive(ProbeReply(200, _answer(LENGTH2, _details(9))), stream=one)
+    assert findings.candidates == "stream_mismatched"
+    assert findings.notes == [
+        "the stream carried 1 choice index(es) for n=2; n > 1 is not trusted on this route"
+    ]
+    assert (findings.stream_indexes, findings.contract.max_candidates) == (1, 1)
+
+
+def test_an_answer_without_a_choices_list_or_a_model_string() -> None:
+    findings = _derive(ProbeReply(200, {"choices": None, "model": 5}))
+    assert (findings.candidates, findings.returned, findings.reported_model) == (
+        "mismatched", 0, None,
+    )  # fmt: skip
+
+
+def test_a_refusal_by_code_alone_and_one_without_words() -> None:
+    by_code = {"error": {"code": "route_does_not_support_candidates", "param": None,
+                         "message": "at most 2"}}  # fmt: skip
+    findings = _derive(ProbeReply(400, by_code), n=4)
+    assert (findings.candidates, findings.stated_maximum) == ("refused", 2)
+    assert findings.contract.max_candidates == 2
+    bare = _derive(ProbeReply(400, {"error": {"param": "n"}}))
+    assert (bare.candidates, bare.stated_maximum, bare.notes) == (
+        "refused",
+        None,
+        ["n=2 was refused:"],
+    )
+    assert bare.contract.max_candidates == 1
+
+
+def test_a_stated_maximum_above_the_probes_n_is_capped_below_it() -> None:
+    refusal = {"error": {"param": "n", "message": "at most 5"}}
+    assert _derive(ProbeReply(400, refusal), n=4).contract.max_candidates == 3
+
+
+def test_a_previous_maximum_counts_only_from_a_native_record() -> None:
+    honour = ProbeReply(200, _answer(LENGTH2, _details(9)))
+    was_unsupported = Contract(candidates="unsupported", max_candidates=6)
+    assert _derive(honour, previous=was_unsupported).contract.max_candidates == 2
+    was_native = Contract(candidates="native", max_candidates=6)
+    assert _derive(honour, previous=was_native).contract.max_candidates == 6
+
+
+@pytest.mark.parametrize(
+    ("message", "maximum"),
+    [
+        ("from 1 (inclusive) to 2 (exclusive)", 1),
+        ("to 1 (exclusive)", 1),  # never below one
+        ("to 3 (exclusive)", 2),
+        ("Expected a value <= 12.", 12),
+        ("maximum value of 6", 6),
+        ("the maximum is 5", 5),
+        ("up to 3 candidates", 3),
+        ("MUST BE 2", 2),
+    ],
+)
+def test_stated_maximum_of_each_form(message: str, maximum: int) -> None:
+    assert stated_maximum(message) == maximum
+
+
+@pytest.mark.parametrize(
+    ("reply", "stream", "message"),
+    [
+        (
+            ProbeReply(429, {"error": {"code": "rate_limit_exceeded", "message": "quota"}}),
+            _STREAM,
+            "the n=2 probe failed with HTTP 429 (rate_limit_exceeded): quota",
+        ),
+        (
+            ProbeReply(502, {"error": "not an envelope"}),
+            _STREAM,
+            "the n=2 probe failed with HTTP 502 (no code): no message",
+        ),
+        (
+            ProbeReply(400, {"error": {"param": "temperature"}}),
+            _STREAM,
+            "the n=2 probe failed with HTTP 400 (no code): no message",
+        ),
+        (
+            ProbeReply(200, _answer(LENGTH2, _details(9))),
+            StreamReply(503, error={"error": {"code": "overloaded", "message": "busy"}}),
+            "the streamed probe failed with HTTP 503 (overloaded): busy",
+        ),
+        (
+            ProbeReply(200, _answer(LENGTH2, _details(9))),
+            StreamReply(503),
+            "the streamed probe failed with HTTP 503 (no code): no message",
+        ),
+    ],
+)
+def test_inconclusive_probes_say_what_failed(
+    reply: ProbeReply, stream: StreamReply, message: str
+) -> None:
+    with pytest.raises(ProbeInconclusive) as info:
+        derive_contract(
+            reply,
+            stream,
+            requested_n=2,
+            ceiling=_CEILING,
+            previous=Contract(),
+            fingerprint=_PRINT,
+            now=NOW,
+        )
+    assert str(info.value) == message
+
+
+def test_a_refusal_note_quotes_the_provider() -> None:
+    refusal = {"error": {"code": "invalid_value", "param": "n", "message": "at most 3"}}
+    findings = derive_contract(
+        ProbeReply(400, refusal),
+        _STREAM,
+        requested_n=4,
+        ceiling=_CEILING,
+        previous=Contract(),
+        fingerprint=_PRINT,
+        now=NOW,
+    )
+    assert findings.notes == ["n=4 was refused: at most 3"]
+    assert (findings.candidates, findings.stated_maximum) == ("refused", 3)
+    assert (findings.contract.max_candidates, findings.returned) == (3, 0)
+
+
+def test_the_probe_bodies_exactly() -> None:
+    plain, streamed = probe_requests("alias")
+    expected = {
+        "model": "alias",
+        "messages": [{"role": "user", "content": "Count from 1 to 200, one number per line."}],
+        "n": 2,
+        "max_completion_tokens": 16,
+        "temperature": 1.0,
+    }
+    assert plain == expected
+    assert streamed == expected | {"stream": True, "stream_options": {"include_usage": True}}
+    custom, custom_stream = probe_requests("alias", n=3, ceiling=4)
+    assert (custom["n"], custom["max_completion_tokens"]) == (3, 4)
+    assert (custom_stream["n"], custom_stream["max_completion_tokens"]) == (3, 4)

@@ -4,6 +4,8 @@ of mutants the wider lifecycle tests let through."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,17 +20,21 @@ from ncap.errors import (
     Overloaded,
     RateLimited,
     SlowDown,
+    StoreUnavailable,
     UpstreamError,
     UpstreamTimeout,
 )
-from ncap.lifecycle import attempts
+from ncap.lifecycle import Caller, attempts
 from ncap.lifecycle.failures import as_failure, client_error, ledger_outcome
+from ncap.lifecycle.plan import RouteRuntime
 from ncap.lifecycle.reports import Tally, summed_usage
-from ncap.lifecycle.settle import _whole_need
+from ncap.lifecycle.settle import Deferred, _Steps, _whole_need
 from ncap.protocol.responses import ResponseSummary, SummaryUsage, SummaryUsageDetails
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
+from ncap.stores import MemoryLedgerStore
+from ncap.stores.base import hold_id_for
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import CALLER, drain, events, harness, route
+from tests.lifecycle.harness import CALLER, EMULATE, drain, events, harness, route
 
 OVERLOADED_503 = Fail(AttemptFailed("status", 503))
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
@@ -273,3 +279,169 @@ async def test_nothing_after_done_is_relayed(tmp_path: Path) -> None:
     assert b"".join(out) == sse(chunk(0, "hi", finish="stop"))
     (row,) = await h.rows()
     assert row.state == "settled"
+
+
+# -- for_route: the body as each route of the chain receives it ----------------------------
+
+
+def _rt(**kw: Any) -> RouteRuntime:
+    fields: dict[str, Any] = {"provider": "openai", "base_url": "http://scripted.invalid/v1"}
+    return RouteRuntime("r", Route.model_validate(fields | kw), ScriptedProvider([]))
+
+
+BODY: dict[str, Any] = {"model": "m", "messages": [], "seed": 7, "user": "u", "logit_bias": {}}
+EXTRAS = frozenset({"seed", "user", "top_k"})
+WITH_USAGE = {"stream_usage": "include_usage"}
+
+
+def test_a_route_that_changes_nothing_gets_the_body_itself() -> None:
+    body = dict(BODY)
+    allowing = _rt(extra_fields=["seed", "user"])
+    assert attempts.for_route(body, allowing, EXTRAS, stream=False) is body
+    assert attempts.for_route(body, allowing, EXTRAS, stream=True) is body  # no stream usage
+    streamed = _rt(extra_fields=["seed", "user"], contract=WITH_USAGE)
+    assert attempts.for_route(body, streamed, EXTRAS, stream=False) is body
+    assert body == BODY
+
+
+@pytest.mark.parametrize(
+    ("route_fields", "stream", "expected"),
+    [
+        # an extra field this route does not allow is dropped; the allowed one stays
+        ({"extra_fields": ["seed"]}, False,
+         {"model": "m", "messages": [], "seed": 7, "logit_bias": {}}),
+        ({}, False, {"model": "m", "messages": [], "logit_bias": {}}),
+        # the upstream model replaces the alias, nothing else changes
+        ({"upstream_model": "up", "extra_fields": ["seed", "user"]}, False, BODY | {"model": "up"}),
+        # usage asked for on a stream where the contract says it can come
+        ({"extra_fields": ["seed", "user"], "contract": WITH_USAGE}, True,
+         BODY | {"stream_options": {"include_usage": True}}),
+        ({"upstream_model": "up", "contract": WITH_USAGE}, True,
+         {"model": "up", "messages": [], "logit_bias": {},
+          "stream_options": {"include_usage": True}}),
+        ({"upstream_model": "up", "contract": WITH_USAGE}, False,
+         {"model": "up", "messages": [], "logit_bias": {}}),
+    ],
+)  # fmt: skip
+def test_the_body_each_route_receives(
+    route_fields: dict[str, Any], stream: bool, expected: dict[str, Any]
+) -> None:
+    body = dict(BODY)
+    assert attempts.for_route(body, _rt(**route_fields), EXTRAS, stream=stream) == expected
+    assert body == BODY  # the client's body is never changed in place
+
+
+def test_stream_usage_keeps_the_clients_other_stream_options() -> None:
+    body = BODY | {"stream_options": {"include_usage": False, "x": 1}}
+    routed = attempts.for_route(body, _rt(contract=WITH_USAGE), frozenset(), stream=True)
+    assert routed["stream_options"] == {"include_usage": True, "x": 1}
+    assert body["stream_options"] == {"include_usage": False, "x": 1}
+    none = BODY | {"stream_options": None}
+    routed = attempts.for_route(none, _rt(contract=WITH_USAGE), frozenset(), stream=True)
+    assert routed["stream_options"] == {"include_usage": True}
+
+
+# -- readiness, the models a caller sees, shutdown of kept settlements --------------------
+
+
+class _Failing(MemoryLedgerStore):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def get(self, request_id: str) -> list[Any]:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("ledger_url", "budgets_url", "backends"),
+    [
+        ("postgres://h/db", "rediss://h:6380/0", ("postgresql", "redis")),
+        ("postgresql://h/db", "redis://h/0", ("postgresql", "redis")),
+        ("memory://", "sqlite:///x.db", ("memory", "sqlite")),
+    ],
+)
+async def test_readiness_names_each_stores_backend(
+    tmp_path: Path, ledger_url: str, budgets_url: str, backends: tuple[str, str]
+) -> None:
+    stores = {"ledger": ledger_url, "budgets": budgets_url}
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))}, stores=stores)
+    assert await h.gateway.accounting.check_ready() == {
+        "ledger": {"backend": backends[0], "ready": True},
+        "budgets": {"backend": backends[1], "ready": True},
+    }
+
+
+@pytest.mark.parametrize(
+    ("error", "reported"),
+    [
+        (StoreUnavailable("ledger", "PostgreSQL", "OperationalError"), "OperationalError"),
+        (StoreUnavailable("ledger", "PostgreSQL"), "StoreUnavailable"),
+        (OSError("host h:5432 refused"), "OSError"),  # the class, never the message
+    ],
+)
+async def test_readiness_reports_a_failing_store_by_its_errors_class(
+    tmp_path: Path, error: Exception, reported: str
+) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))}, ledger=_Failing(error))
+    report = await h.gateway.accounting.check_ready()
+    assert report["ledger"] == {"backend": "sqlite", "ready": False, "error": reported}
+    assert report["budgets"] == {"backend": "sqlite", "ready": True}
+
+
+async def test_a_caller_sees_the_models_its_workload_allows(tmp_path: Path) -> None:
+    workloads = {"default": {"models": ["m"]}, "wide": {}, "narrow": {"models": ["fake-model"]}}
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))}, workloads=workloads)
+    assert h.gateway.models_for(CALLER) == ["m"]
+    assert h.gateway.models_for(Caller("wide", "test")) == ["fake-model", "m"]
+    assert h.gateway.models_for(Caller("narrow", "test")) == ["fake-model"]
+
+
+async def test_shutdown_tries_kept_settlements_once_more(caplog: pytest.LogCaptureFixture) -> None:
+    done: list[str] = []
+    failures = [1]
+
+    async def flaky() -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise StoreUnavailable("budgets", "Redis", "ConnectionError")
+        done.append("applied")
+
+    async def never() -> None:
+        raise StoreUnavailable("budgets", "Redis", "ConnectionError")
+
+    async def wait(_: float) -> None:
+        await asyncio.sleep(3600)  # the retry task never gets to try before close
+
+    deferred = Deferred(sleep=wait)
+    await deferred.run(_Steps([flaky]))
+    assert deferred.pending == 1
+    await deferred.close()
+    assert (done, deferred.pending) == (["applied"], 0)
+
+    stuck = Deferred(sleep=wait)
+    await stuck.run(_Steps([never]))
+    await stuck.run(_Steps([never]))
+    with caplog.at_level(logging.ERROR, "ncap.lifecycle"):
+        await stuck.close()
+    assert stuck.pending == 2
+    assert "2 settlements not applied at shutdown (rows stay reserved)" in caplog.messages
+
+
+async def test_branches_that_opened_when_another_did_not_are_held_as_cut(
+    tmp_path: Path,
+) -> None:
+    opened = Stream(sse(chunk(0, "x"), chunk(0, finish="stop"), chunk(None, usage=(3, 1))),
+                    provider_request_id="branch-1")  # fmt: skip
+    refused = Fail(AttemptFailed("status", 404))
+    h = harness(tmp_path, {"a": (route(EMULATE), ScriptedProvider([opened, refused]))})
+    with pytest.raises(UpstreamError):
+        await h.chat(n=2, temperature=1.0, stream=True)
+    first, second = await h.rows()
+    assert (first.attempt, first.provider_request_id) == (1, "branch-1")
+    assert (first.state, first.reconciliation_reason) == ("pending", "stream_cut")
+    assert (first.returned_candidate_count, first.usage_source) == (0, "none")
+    assert (second.attempt, second.state) == (2, "settled")
+    assert [hold.hold_id for hold in await h.outstanding()] == [hold_id_for(first.request_id, 1)]
+    sample = h.metrics.registry.get_sample_value
+    assert sample("ncap_upstream_attempts_total", {"route": "a", "outcome": "stream_cut"}) == 1
