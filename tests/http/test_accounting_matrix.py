@@ -397,6 +397,35 @@ async def test_max_concurrency(
     assert sorted(e.state for e in events) == ["denied", "settled", "settled", "settled"]
 
 
+@pytest.mark.parametrize("budgets", ["memory", "sqlite"])
+async def test_clients_at_max_concurrency_are_never_refused(launch: Any, budgets: str) -> None:
+    """Two clients, each sending its next request as soon as it has its answer, under
+    ``max_concurrency: 2``: every request is served. (The hold used to be settled on
+    the settlement's next tick, after the answer: the next request found the previous
+    slot still taken, and 60 % of them were refused.)"""
+    stores = {"budgets": "memory://"} if budgets == "memory" else {}
+    gw = launch({"max_concurrency": 2}, stores=stores)
+    client = gw.aclient()
+
+    async def one_client() -> list[int]:
+        codes = []
+        for _ in range(40):
+            raw = await client.chat.completions.with_raw_response.create(**_body())
+            codes.append(raw.status_code)
+        return codes
+
+    try:
+        results = await asyncio.gather(one_client(), one_client())
+    except openai.RateLimitError as exc:
+        pytest.fail(f"refused at the limit: {exc.code}")
+    assert [c for codes in results for c in codes] == [200] * 80
+    deadline = time.monotonic() + 10
+    while len(final := [e for e in await rows(gw.tmp) if e.state == "settled"]) < 80:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert len(final) == 80 and not _denied(await rows(gw.tmp))
+
+
 # -- an exception ----------------------------------------------------------------------------
 
 

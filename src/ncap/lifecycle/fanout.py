@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import msgspec
@@ -83,9 +83,13 @@ class FanOut:
         begun = (self.accounting.begin(plan, holds, n, rt) for n in range(1, k + 1))
         return list(await asyncio.gather(*begun))
 
-    async def _settle_answers(self, answered: Sequence[tuple[Attempt, UpstreamResult]]) -> None:
-        for attempt, result in answered:
-            await self.accounting.answered(attempt, answered_report(result))
+    def _settle_answers(
+        self, answered: Sequence[tuple[Attempt, UpstreamResult]]
+    ) -> Coroutine[Any, Any, None]:
+        """Each answered branch's hold settlement started before the answer goes out
+        (``Accounting.answered_early``); the rest of the settlement returned."""
+        rests = [self.accounting.answered_early(a, answered_report(r)) for a, r in answered]
+        return _in_order(rests)
 
     async def _abort(self, branches: Sequence[Branch]) -> None:
         """Branches that opened when another did not: closed, and held as cut streams
@@ -217,3 +221,16 @@ def _merge(merged_id: str, results: Sequence[UpstreamResult]) -> tuple[bytes, in
     else:
         merged.pop("usage", None)  # not all branches reported: the total is unknown
     return _encode(merged), len(choices)
+
+
+async def _in_order(settlements: Sequence[Coroutine[Any, Any, None]]) -> None:
+    """Every branch's settlement, one after the other; a failing one does not keep the
+    others from running (the first failure is raised after them)."""
+    failure: BaseException | None = None
+    for settlement in settlements:
+        try:
+            await settlement
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure

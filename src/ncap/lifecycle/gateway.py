@@ -186,7 +186,7 @@ class Gateway:
         headers["content-type"] = "application/json"
         # settled while the answer is on its way: the attempt's reserved row is already
         # durable, so a crash in between leaves it for recovery (gateway_lost)
-        settle = self.accounting.answered(attempt, answered_report(result))
+        settle = self.accounting.answered_early(attempt, answered_report(result))
         return Reply(200, headers, result.body, after=settle)
 
     async def _stream(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:

@@ -25,8 +25,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -232,6 +232,31 @@ class Accounting:
     async def answered(self, attempt: Attempt, report: AttemptReport) -> None:
         await self._close(attempt, report, "completed")
 
+    def answered_early(self, attempt: Attempt, report: AttemptReport) -> Coroutine[Any, Any, None]:
+        """``answered`` for an answer whose settlement runs beside it, with the hold's
+        settlement *started now*, before the answer goes out: its concurrency slot must
+        be free by the time the client has the answer. A client at ``max_concurrency``
+        sends its next request right away; with the whole settlement on the next
+        2 ms tick, that request found the previous slot still taken (60 % of requests
+        refused at ``max_concurrency: 2`` with 2 clients, in-process budgets). Started
+        as a task, the hold step runs before the loop reads any new request, and it is
+        ahead of it in the store's own queue (the SQLite writer's, the Redis
+        pipeline's), at no cost to the answer's latency. The returned coroutine waits
+        for it and writes the row (the hold first, as always), beside the answer."""
+        closing = self._closing(attempt, report, "completed", None)
+        steps = _Steps([closing.hold_step, closing.row_step])
+        first = asyncio.ensure_future(steps.step())
+        return self._finish_after(first, closing, steps)
+
+    async def _finish_after(
+        self, first: asyncio.Future[None], closing: _Closing, steps: _Steps
+    ) -> None:
+        # a failed hold step stays first in ``steps``: ``_finish`` runs it again
+        # (deferred while its store is down) and a failure is reported there
+        with contextlib.suppress(Exception):
+            await first
+        await self._finish(closing, steps)
+
     async def stream_finished(self, attempt: Attempt, report: AttemptReport) -> None:
         outcome: AttemptOutcome = "completed" if report.cut is None else "stream_cut"
         await self._close(attempt, report, outcome)
@@ -254,6 +279,18 @@ class Accounting:
         *,
         upstream_status: int | None = None,
     ) -> None:
+        closing = self._closing(attempt, report, outcome, upstream_status)
+        # the hold first: once the row shows its final state, the budget does too
+        await self._finish(closing, _Steps([closing.hold_step, closing.row_step]))
+
+    def _closing(
+        self,
+        attempt: Attempt,
+        report: AttemptReport,
+        outcome: AttemptOutcome,
+        upstream_status: int | None,
+    ) -> _Closing:
+        """Close the attempt (exactly once) and work out its final row and hold step."""
         if attempt.closed:
             raise RuntimeError(f"attempt {attempt.number} closed twice")
         attempt.closed = True
@@ -269,10 +306,12 @@ class Accounting:
         async def row_step() -> None:
             await self.ledger.update(row.request_id, row.attempt, **final)
 
-        # the hold first: once the row shows its final state, the budget does too
-        await self._deferred.run(_Steps([hold_step, row_step]))
-        self._observe(attempt, final, outcome)
-        self._notify(attempt.plan, attempt, final, outcome)
+        return _Closing(attempt, final, outcome, hold_step, row_step)
+
+    async def _finish(self, closing: _Closing, steps: _Steps) -> None:
+        await self._deferred.run(steps)
+        self._observe(closing.attempt, closing.final, closing.outcome)
+        self._notify(closing.attempt.plan, closing.attempt, closing.final, closing.outcome)
 
     def _notify(
         self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
@@ -345,6 +384,17 @@ class Accounting:
             m.pending_reconciliation.inc()
 
 
+@dataclass(slots=True)
+class _Closing:
+    """A closed attempt's final row and the store steps that record it."""
+
+    attempt: Attempt
+    final: dict[str, Any]
+    outcome: AttemptOutcome
+    hold_step: Callable[[], Awaitable[None]]
+    row_step: Callable[[], Awaitable[None]]
+
+
 class _Steps:
     """A settlement's store writes in order; a retry resumes at the first not done
     (each is safe to repeat: a settled hold is not settled twice, an update rewrites
@@ -353,10 +403,15 @@ class _Steps:
     def __init__(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
         self._steps = steps
 
-    async def __call__(self) -> None:
-        while self._steps:
+    async def step(self) -> None:
+        """Run the first step not done yet."""
+        if self._steps:
             await self._steps[0]()
             self._steps.pop(0)
+
+    async def __call__(self) -> None:
+        while self._steps:
+            await self.step()
 
 
 class Deferred:
