@@ -68,8 +68,9 @@ fuzz: setup
 # issue 15: load + faults + disconnects, then the books (bounded to 600 s)
 SOAK_S ?= 120
 SOAK_STORES ?= embedded
+SOAK_ARGS ?= --gemini
 soak: setup
-	$(BIN)/python bench/soak.py --duration $(SOAK_S) --stores $(SOAK_STORES)
+	$(BIN)/python bench/soak.py --duration $(SOAK_S) --stores $(SOAK_STORES) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-litellm bench/portkey/node_modules .ncap .pytest_cache .mypy_cache .ruff_cache

@@ -4,17 +4,23 @@ Starts the fake upstream and ``ncap serve`` as processes, with one model alias p
 profile of the fake (the route sends ``x-fake-fault``), and drives ``--concurrency``
 clients for ``--duration`` seconds (bounded to 600): each request picks a random alias
 (half of them fault-free), stream or not, n in 1..3, and a fifth of the streams are cut
-by the client after their first chunk. Every second it samples the gateway's RSS and
-open file descriptors. At the end (gateway stopped, so its settlements drained) it
-checks:
+by the client after their first chunk. With ``--gemini`` the fake Gemini API runs too,
+with one ``soak-g-*`` alias per profile of its own (the OpenAI fake's, rendered Google's
+way, plus ``refuse_candidates``, ``ignore_candidates``, ``shuffled_candidates``,
+``safety_candidate``, ``blocked_prompt``), and each request picks a provider at random.
+Every second it samples the gateway's RSS and open file descriptors. At the end
+(gateway stopped, so its settlements drained) it checks:
 
 - no 5xx other than the gateway's documented upstream-failure answers, no hung request;
-- ledger rows of dispatched attempts = requests the fake upstream received;
+- ledger rows of dispatched attempts = requests the fake upstreams received, per
+  provider (rows of ``soak-g-*`` routes = the Gemini fake's requests);
 - no row left ``reserved``;
 - the budget store's day counters = the sum of the ledger (settled rows by their
   actuals, held rows by their reservation, denied rows nothing);
 - RSS and descriptors show no growth trend: the least-squares slope over the second half
-  of the run, extrapolated over an hour, stays under ``--rss-slope-mib-h`` / 50 fds.
+  of the run, extrapolated over an hour, stays under ``--rss-slope-mib-h`` MiB / 500
+  fds (runs of 60 s or more), and the second half's descriptor count varies by at most
+  2 x concurrency + 16.
 
     python bench/soak.py [--duration 120] [--stores embedded|pg-redis] [--gemini]
 
@@ -22,8 +28,8 @@ checks:
 ``memory://`` budgets of the shipped default are a cache rebuilt from that same ledger
 and cannot be read from outside the process); ``pg-redis`` uses PostgreSQL at
 127.0.0.1:5432 (a fresh database) and Redis at 127.0.0.1:6379 (a fresh key prefix).
-``--gemini`` adds the fake Gemini upstream's aliases once the gateway has a Gemini
-provider (issue 10b); until then it is refused. Exit status 1 when a check fails.
+``--gemini`` adds the fake Gemini upstream's aliases (``provider: gemini`` routes, the
+upstream key checked by the fake). Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -55,6 +61,14 @@ PROFILES = [
     "reset_mid_stream", "truncated_stream", "slow_chunks=20", "first_chunk_then_pause=200",
     "fragmented_stream=7",
 ]  # fmt: skip
+# the Gemini fake: every profile of the OpenAI fake (usage_with_choices changes nothing
+# there, Gemini's usage always rides on the candidates' events) plus its own
+GEMINI_PROFILES = [
+    *PROFILES,
+    "refuse_candidates", "ignore_candidates", "shuffled_candidates", "safety_candidate",
+    "blocked_prompt",
+]  # fmt: skip
+GEMINI_KEY = "sk-soak-gemini-upstream"
 WORKLOAD = "soak"
 KEY = "sk-ncap-soak-client"
 HELD = ("pending", "usage_reconciliation_required")
@@ -64,7 +78,13 @@ def alias(profile: str) -> str:
     return "soak-" + profile.partition("=")[0]
 
 
-def config(upstream: str, tmp: Path, stores: dict[str, str]) -> dict[str, Any]:
+def gemini_alias(profile: str) -> str:
+    return "soak-g-" + profile.partition("=")[0]
+
+
+def config(
+    upstream: str, tmp: Path, stores: dict[str, str], gemini: str | None = None
+) -> dict[str, Any]:
     from ncap.auth import hash_key
 
     route = {
@@ -84,6 +104,18 @@ def config(upstream: str, tmp: Path, stores: dict[str, str]) -> dict[str, Any]:
         },
     }
     routes = {alias(p): {**route, "headers": {"x-fake-fault": p}} for p in PROFILES}
+    models = {alias(p): [alias(p)] for p in PROFILES}
+    if gemini is not None:
+        groute = {
+            **route,
+            "provider": "gemini",
+            "base_url": gemini,
+            "upstream_model": "gemini-2.5-flash",
+            "api_key_env": "NCAP_SOAK_GEMINI_KEY",
+        }
+        for p in GEMINI_PROFILES:
+            routes[gemini_alias(p)] = {**groute, "headers": {"x-fake-fault": p}}
+            models[gemini_alias(p)] = [gemini_alias(p)]
     return {
         "stores": stores,
         "keys": [{"hash": hash_key(KEY), "workload": WORKLOAD}],
@@ -91,7 +123,7 @@ def config(upstream: str, tmp: Path, stores: dict[str, str]) -> dict[str, Any]:
             WORKLOAD: {"max_candidates": 4, "output_ceiling": 64, "max_concurrency": 4096}
         },
         "server": {"ramp": {"requests_per_second": 100000, "burst": 100000}},
-        "models": {alias(p): [alias(p)] for p in PROFILES},
+        "models": models,
         "routes": routes,
     }
 
@@ -108,12 +140,16 @@ class Tally:
         self.by_status[status] = self.by_status.get(status, 0) + 1
 
 
-async def one(session: aiohttp.ClientSession, url: str, tally: Tally, rng: random.Random) -> None:
-    profile = "none" if rng.random() < 0.5 else rng.choice(PROFILES)
+async def one(
+    session: aiohttp.ClientSession, url: str, tally: Tally, rng: random.Random, gemini: bool
+) -> None:
+    on_gemini = gemini and rng.random() < 0.5
+    name, profiles = (gemini_alias, GEMINI_PROFILES) if on_gemini else (alias, PROFILES)
+    profile = "none" if rng.random() < 0.5 else rng.choice(profiles)
     stream = rng.random() < 0.5
     n = rng.randint(1, 3)
     body = {
-        "model": alias(profile),
+        "model": name(profile),
         "messages": [{"role": "user", "content": f"soak {rng.random()}"}],
         "n": n,
         "temperature": 0.8,
@@ -162,7 +198,7 @@ async def drive(
 
         async def worker() -> None:
             while time.monotonic() < deadline:
-                await one(session, url, tally, rng)
+                await one(session, url, tally, rng, args.gemini)
 
         async def sampler() -> None:
             start = time.monotonic()
@@ -222,10 +258,14 @@ async def books(stores: dict[str, str]) -> dict[str, Any]:
             return e.total_tokens or 0, e.cost_micros or 0
         return e.reserved_input_tokens + e.reserved_output_tokens, e.reserved_cost_micros
 
+    dispatched = [e for e in events if e.state != "denied"]
     return {
         "rows": len(events),
         "states": states,
-        "dispatched_rows": sum(1 for e in events if e.state != "denied"),
+        "dispatched_rows": len(dispatched),
+        "dispatched_rows_gemini": sum(
+            1 for e in dispatched if (e.route_id or "").startswith("soak-g-")
+        ),
         "ledger_tokens_day": sum(spent(e)[0] for e in today),
         "ledger_cost_day": sum(spent(e)[1] for e in today),
         "counter_tokens_day": usage.tokens_day,
@@ -273,50 +313,69 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=bl.BENCH / "results" / "soak.json")
     args = p.parse_args()
     args.duration = min(args.duration, 600.0)
-    if args.gemini:
-        print(
-            "--gemini: the gateway's Gemini provider is not merged yet (issue 10b)", file=sys.stderr
-        )
-        return 2
     tmp = Path(tempfile.mkdtemp(prefix="ncap-soak-"))
     stores, drop = store_urls(args.stores, tmp)
     py = sys.executable
-    env = {"NCAP_SOAK_UPSTREAM_KEY": "sk-soak-upstream", "PYTHONPATH": str(bl.ROOT / "src")}
-    up_port, gw_port = bl.free_port(), bl.free_port()
+    env = {
+        "NCAP_SOAK_UPSTREAM_KEY": "sk-soak-upstream",
+        "NCAP_SOAK_GEMINI_KEY": GEMINI_KEY,
+        "PYTHONPATH": str(bl.ROOT / "src"),
+    }
+    up_port, gw_port, gem_port = bl.free_port(), bl.free_port(), bl.free_port()
+    gemini_url = f"http://127.0.0.1:{gem_port}/v1beta" if args.gemini else None
     (tmp / "ncap.yaml").write_text(
-        yaml.safe_dump(config(f"http://127.0.0.1:{up_port}/v1", tmp, stores))
+        yaml.safe_dump(config(f"http://127.0.0.1:{up_port}/v1", tmp, stores, gemini_url))
     )
     upstream = bl.start_server(
         "fake", [py, "-m", "ncap.testing.fake_upstream", "--port", str(up_port)], tmp, env
     )
+    fake_gemini = None
+    if args.gemini:
+        argv = [py, "-m", "ncap.testing.fake_gemini", "--port", str(gem_port)]
+        fake_gemini = bl.start_server("fake-gemini", [*argv, "--api-key", GEMINI_KEY], tmp, env)
     serve = [py, "-m", "ncap.cli.main", "serve", "--config", str(tmp / "ncap.yaml")]
     gw = bl.start_server("ncap", [*serve, "--port", str(gw_port)], tmp, env, cwd=tmp)
     url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
     try:
         _wait(url)
         samples: list[dict[str, float]] = []
+        load_start = os.getloadavg()
         started = time.monotonic()
         tally = asyncio.run(drive(url, args, gw.pid, samples))
         elapsed = time.monotonic() - started
+        load_end = os.getloadavg()
         stats = json.loads(_get(f"http://127.0.0.1:{up_port}/_fake/stats"))
+        gstats: dict[str, Any] = {}
+        if args.gemini:
+            gstats = json.loads(_get(f"http://127.0.0.1:{gem_port}/_fake/stats"))
         bl.stop_server(gw, grace_s=30)
         result = asyncio.run(books(stores))
     finally:
         bl.stop_server(gw)
         bl.stop_server(upstream)
+        if fake_gemini is not None:
+            bl.stop_server(fake_gemini)
         if drop:
             drop()
-    upstream_requests = stats.get("by_endpoint", {}).get("chat", stats.get("requests"))
+    openai_requests = stats.get("by_endpoint", {}).get("chat", stats.get("requests"))
+    gemini_requests = gstats.get("requests", 0)
+    # a request the Gemini fake saw without the route's key would be a gateway bug
+    gemini_keys = {s: gstats.get("key_sources", []).count(s) for s in ("header", "query", "none")}
     report: dict[str, Any] = {
         "stores": args.stores,
         "duration_s": round(elapsed, 1),
         "concurrency": args.concurrency,
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in load_end],
         "requests": tally.sent,
         "by_status": tally.by_status,
         "client_disconnects": tally.disconnects,
         "hung": tally.hung,
         "bad_envelopes": tally.bad_envelope,
-        "upstream_requests": upstream_requests,
+        "gemini": args.gemini,
+        "upstream_requests": openai_requests + gemini_requests,
+        "upstream_requests_gemini": gemini_requests,
+        "gemini_key_sources": gemini_keys,
         **result,
         "rss_first_mib": samples[0]["rss"],
         "rss_last_mib": samples[-1]["rss"],
@@ -344,6 +403,13 @@ def checks(r: dict[str, Any], args: argparse.Namespace) -> list[str]:
         out.append(
             f"ledger rows {r['dispatched_rows']} != upstream attempts {r['upstream_requests']}"
         )
+    if r["dispatched_rows_gemini"] != r["upstream_requests_gemini"]:
+        out.append(
+            f"Gemini ledger rows {r['dispatched_rows_gemini']}"
+            f" != Gemini attempts {r['upstream_requests_gemini']}"
+        )
+    if r["gemini_key_sources"]["query"] or r["gemini_key_sources"]["none"]:
+        out.append(f"Gemini key not (only) in x-goog-api-key: {r['gemini_key_sources']}")
     if r["states"].get("reserved"):
         out.append(f"{r['states']['reserved']} rows left reserved")
     if (r["ledger_tokens_day"], r["ledger_cost_day"]) != (

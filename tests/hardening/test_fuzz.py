@@ -31,6 +31,9 @@ from tests.support import ServerThread
 
 SCALE = float(os.environ.get("NCAP_FUZZ_SCALE", "1"))
 MIN_CASES = int(10_000 * SCALE)
+# the suite-wide pytest-timeout (300 s a test) scales with the case counts: at x10 one
+# operation's schemathesis run alone takes longer than that on a loaded 2-core machine
+pytestmark = pytest.mark.timeout(int(300 * max(1.0, SCALE)))
 COUNTS: Counter[str] = Counter()  # per-module tally, read by the last test
 
 schema = schemathesis.openapi.from_dict(openapi_document())

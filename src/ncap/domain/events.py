@@ -34,6 +34,7 @@ from ncap.domain.money import cost_micros
 
 __all__ = [
     "LEDGER_COLUMNS",
+    "LEDGER_INT_MAX",
     "UNSETTLED_STATES",
     "AttemptOutcome",
     "EventState",
@@ -45,6 +46,9 @@ __all__ = [
     "reconcile",
     "settle",
 ]
+
+# the largest integer a ledger column holds (SQLite INTEGER, PostgreSQL BIGINT)
+LEDGER_INT_MAX = 2**63 - 1
 
 EventState = Literal[
     "reserved", "settled", "pending", "usage_reconciliation_required", "reconciled", "denied"

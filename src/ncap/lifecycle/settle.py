@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from ncap.config import Config, ExceptionGrant, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
-from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent, settle
+from ncap.domain.events import LEDGER_INT_MAX, AttemptOutcome, EventState, LedgerEvent, settle
 from ncap.domain.grants import Grants
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
@@ -564,12 +564,16 @@ def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str
 def _denied_columns(refusal: Refusal | None, plan: Plan) -> dict[str, Any]:
     """``denied_by``/``denied_limit``/``denied_amount`` of a denial row. A fan-out is
     reserved branch by branch: the branch that did not fit stands for the whole
-    request's need, which is what is recorded."""
+    request's need, which is what is recorded. The amount can be the client's own number
+    (an ``output_ceiling`` refusal records the ``max_tokens`` asked, which JSON does not
+    bound): past what a ledger column holds it is recorded as ``LEDGER_INT_MAX``."""
     if refusal is None:
         return {}
     amount = refusal.amount
     if plan.emulated and amount is not None:
         amount = _whole_need(refusal.limit, plan.reservation, plan.decision.effective)
+    if amount is not None:
+        amount = min(amount, LEDGER_INT_MAX)
     return {"denied_by": refusal.limit, "denied_limit": refusal.value, "denied_amount": amount}
 
 

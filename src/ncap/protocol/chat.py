@@ -104,9 +104,6 @@ Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(ge=0, le=1)]
 CandidateCount = Annotated[int, Meta(ge=1, le=128)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-# an output ceiling: the reference sets no upper bound, but a ledger row (SQLite
-# INTEGER, PostgreSQL BIGINT) holds 64 bits, and a denial records what was asked
-TokenCeiling = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 TokenId = Annotated[str, Meta(pattern=r"^[0-9]+$")]
 LogitBias = dict[TokenId, Annotated[int, Meta(ge=-100, le=100)]]
 Stop = str | Annotated[list[str], Meta(min_length=1, max_length=4)]
@@ -437,7 +434,7 @@ class ChatCompletionRequest(_Wire, kw_only=True):
     reasoning_effort: (
         Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | UnsetType | None
     ) = UNSET
-    max_completion_tokens: TokenCeiling | UnsetType | None = UNSET
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | UnsetType | None = UNSET
     frequency_penalty: Penalty | UnsetType | None = UNSET
     presence_penalty: Penalty | UnsetType | None = UNSET
     web_search_options: WebSearchOptions | UnsetType = UNSET
@@ -451,7 +448,7 @@ class ChatCompletionRequest(_Wire, kw_only=True):
     stop: Stop | UnsetType | None = UNSET
     logit_bias: LogitBias | UnsetType | None = UNSET
     logprobs: bool | UnsetType | None = UNSET
-    max_tokens: TokenCeiling | UnsetType | None = UNSET
+    max_tokens: Annotated[int, Meta(ge=1)] | UnsetType | None = UNSET
     n: CandidateCount | UnsetType | None = UNSET
     prediction: PredictionContent | UnsetType | None = UNSET
     seed: Seed | UnsetType | None = UNSET

@@ -45,7 +45,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     frequency_penalty: Penalty | UnsetType | None = UNSET
     logit_bias: LogitBias | UnsetType | None = UNSET
     logprobs: Annotated[int, Meta(ge=0, le=5)] | UnsetType | None = UNSET
-    max_tokens: Annotated[int, Meta(ge=0, le=2**63 - 1)] | UnsetType | None = UNSET  # 64-bit rows
+    max_tokens: Annotated[int, Meta(ge=0)] | UnsetType | None = UNSET
     n: CandidateCount | UnsetType | None = UNSET
     presence_penalty: Penalty | UnsetType | None = UNSET
     seed: Seed | UnsetType | None = UNSET
