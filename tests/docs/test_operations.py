@@ -70,6 +70,12 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
         "PATH": f"{_bin(tmp_path)}:{os.environ['PATH']}",
         "PYTHONPATH": str(ROOT / "src"),
     }
+    # The script's Python blocks and the background `ncap serve` (its access lines)
+    # share one stdout pipe. Unbuffered (PYTHONUNBUFFERED=1 on these machines), a
+    # block's print() is several writes, and an access line written between two of
+    # them split "choices: 3" (2 runs in 4 under load). Buffered, each block's output
+    # is one write at its exit, and each access line is whole.
+    env.pop("PYTHONUNBUFFERED", None)
     proc = subprocess.Popen(
         ["bash", "-c", script],
         cwd=folder,

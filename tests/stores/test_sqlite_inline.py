@@ -111,3 +111,35 @@ async def test_the_writer_thread_checkpoints_what_inline_commits_left(
         assert len(_rows(copy)) == 100
     finally:
         await writer.close()
+
+
+class _BrokenDisk:
+    """A connection whose every statement fails as an I/O error would (not busy)."""
+
+    def execute(self, sql: str, *args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    def close(self) -> None:
+        return None
+
+
+async def test_a_non_busy_error_at_begin_fails_every_caller_inline(tmp_path: Path) -> None:
+    """An I/O error at the inline BEGIN reaches every caller of the batch (it happens in
+    a loop callback: raised there, nobody would ever resolve their futures)."""
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    try:
+        await writer.run(_insert(1))
+        assert writer._fast is not None
+        writer._fast.close()
+        writer._fast = _BrokenDisk()  # type: ignore[assignment]
+        results = await asyncio.wait_for(
+            asyncio.gather(writer.run(_insert(2)), writer.run(_insert(3)), return_exceptions=True),
+            timeout=5,
+        )
+        writer._fast = None  # the next batch opens a working connection again
+        await writer.run(_insert(4))
+    finally:
+        await writer.close()
+    assert [str(r) for r in results] == ["disk I/O error"] * 2
+    assert _rows(path) == [(1, "x"), (4, "x")]

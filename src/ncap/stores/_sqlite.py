@@ -189,16 +189,20 @@ class SQLiteWriter:
     def _commit_here(self, batch: list[_Job]) -> bool:
         """Commit ``batch`` on this thread; False (nothing done) when another
         connection holds the write lock: the batch must wait, in the thread."""
-        if self._fast is None:
-            self._fast = connect(self.path, synchronous="NORMAL")
-            self._fast.execute("PRAGMA busy_timeout = 0")
-            self._fast.execute("PRAGMA wal_autocheckpoint = 0")  # the thread's job
         try:
+            if self._fast is None:
+                self._fast = connect(self.path, synchronous="NORMAL")
+                self._fast.execute("PRAGMA busy_timeout = 0")
+                self._fast.execute("PRAGMA wal_autocheckpoint = 0")  # the thread's job
             self._fast.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
                 return False
-            raise
+            _fail_all(batch, exc)  # the file cannot be opened or written: say so to
+            return True  # every caller (this runs in a loop callback: nobody else would)
+        except Exception as exc:
+            _fail_all(batch, exc)
+            return True
         try:
             _commit(self._fast, batch, begun=True)
         except BaseException as exc:  # _commit stores failures; anything else must
@@ -307,6 +311,12 @@ def _commit(conn: sqlite3.Connection, batch: list[_Job], *, begun: bool = False)
         for job in batch:
             job.outcome = (False, exc)
         _rollback(conn)
+
+
+def _fail_all(jobs: list[_Job], exc: BaseException) -> None:
+    for job in jobs:
+        job.outcome = (False, exc)
+    _resolve_all(jobs)
 
 
 def _resolve_all(jobs: list[_Job]) -> None:
