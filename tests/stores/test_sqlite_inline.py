@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,113 @@ async def test_the_writer_thread_checkpoints_what_inline_commits_left(
         assert len(_rows(copy)) == 100
     finally:
         await writer.close()
+
+
+# --- pins found by mutation testing (docs/mutation.md) ----------------------------
+
+
+def _error(message: str, code: int | None = None) -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError(message)
+    if code is not None:
+        exc.sqlite_errorcode = code  # as sqlite3 sets it on an error it raises
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "busy"),
+    [
+        # the primary result code decides, whatever the message says
+        (_error("no words", sqlite3.SQLITE_BUSY), True),
+        (_error("no words", 517), True),  # SQLITE_BUSY_SNAPSHOT, an extended code
+        (_error("no words", sqlite3.SQLITE_LOCKED), True),
+        (_error("no words", 262), True),  # SQLITE_LOCKED_SHAREDCACHE
+        (_error("database is locked", sqlite3.SQLITE_ERROR), False),
+        (_error("database is busy", sqlite3.SQLITE_READONLY), False),
+        # without a code (an error built by hand): its message
+        (_error("database is locked"), True),
+        (_error("database table is busy"), True),
+        (_error("disk I/O error"), False),
+    ],
+)
+def test_is_busy_reads_the_primary_code_else_the_message(
+    exc: sqlite3.OperationalError, busy: bool
+) -> None:
+    assert plumbing._is_busy(exc) is busy
+
+
+class Interrupted(BaseException):
+    """Not an ``Exception``: a job's own savepoint does not catch it."""
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_an_interrupted_job_fails_its_whole_batch_rolled_back(
+    tmp_path: Path, synchronous: plumbing.Synchronous
+) -> None:
+    path = tmp_path / "w.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous=synchronous)
+
+    def interrupted(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO t (i, v) VALUES (3, 'half')")
+        raise Interrupted
+
+    try:
+        results = await asyncio.gather(
+            writer.run(_insert(1)), writer.run(interrupted), return_exceptions=True
+        )
+        assert [type(r) for r in results] == [Interrupted, Interrupted]
+        # rolled back, the connection is clean: the next batch commits
+        assert await writer.run(_insert(2)) is not None
+    finally:
+        await writer.close()
+    assert _rows(path) == [(2, "x")]
+
+
+async def test_a_failure_outside_the_jobs_reaches_every_caller_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    real = plumbing._commit
+
+    def broken(conn: sqlite3.Connection, batch: list[Any], *, begun: bool = False) -> None:
+        conn.execute("INSERT INTO t (i, v) VALUES (9, 'half')")
+        raise Interrupted  # what _commit does not store on the jobs itself
+
+    try:
+        await writer.run(_insert(1))
+        monkeypatch.setattr(plumbing, "_commit", broken)
+        results = await asyncio.gather(
+            writer.run(_insert(2)), writer.run(_insert(3)), return_exceptions=True
+        )
+        assert [type(r) for r in results] == [Interrupted, Interrupted]
+        monkeypatch.setattr(plumbing, "_commit", real)
+        assert await writer.run(_insert(4)) == threading.get_ident()  # inline, clean
+    finally:
+        await writer.close()
+    assert _rows(path) == [(1, "x"), (4, "x")]
+
+
+@pytest.mark.parametrize(("synchronous", "inline"), [("FULL", True), ("NORMAL", False)])
+async def test_inline_given_overrides_the_level(
+    tmp_path: Path, synchronous: plumbing.Synchronous, inline: bool
+) -> None:
+    writer = SQLiteWriter(tmp_path / "w.db", SCHEMA, synchronous=synchronous, inline=inline)
+    try:
+        assert writer.inline is inline
+        on_loop = await writer.run(_insert(1)) == threading.get_ident()
+    finally:
+        await writer.close()
+    assert on_loop is inline
+
+
+async def test_closing_inline_commits_what_is_queued_in_the_thread(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    await writer.run(_insert(1))
+    last = asyncio.ensure_future(writer.run(_insert(2)))
+    await asyncio.sleep(0)  # queued, its hand-over not run yet
+    assert not last.done()
+    await writer.close()
+    assert last.done()  # committed before close returned
+    assert last.result() != threading.get_ident()  # by the writer thread
+    assert _rows(path) == [(1, "x"), (2, "x")]
