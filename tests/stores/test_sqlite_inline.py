@@ -222,3 +222,42 @@ async def test_closing_inline_commits_what_is_queued_in_the_thread(tmp_path: Pat
     assert last.done()  # committed before close returned
     assert last.result() != threading.get_ident()  # by the writer thread
     assert _rows(path) == [(1, "x"), (2, "x")]
+
+
+def test_a_loop_closed_while_its_job_is_in_the_thread_leaves_the_writer_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    errors: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    path = tmp_path / "f.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="FULL")  # every batch in the thread
+    started, release = threading.Event(), threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> int:
+        started.set()
+        release.wait(5)
+        return _insert(1)(conn)
+
+    gone = asyncio.new_event_loop()
+
+    async def submit() -> asyncio.Future[int]:
+        job = asyncio.ensure_future(writer.run(slow))
+        assert await asyncio.to_thread(started.wait, 5)  # the job is in the thread
+        job.cancel()  # its caller gives up, and its loop goes away
+        return job
+
+    job = gone.run_until_complete(submit())
+    gone.run_until_complete(asyncio.sleep(0))
+    assert job.cancelled()
+    gone.close()
+    release.set()  # the thread commits it and finds no loop to hand it back to
+
+    async def later() -> int:
+        try:
+            return await asyncio.wait_for(writer.run(_insert(2)), 5)
+        finally:
+            await writer.close()
+
+    assert asyncio.run(later()) != threading.get_ident()
+    assert errors == []
+    assert _rows(path) == [(1, "x"), (2, "x")]  # a job cancelled mid-batch is written
