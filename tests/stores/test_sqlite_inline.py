@@ -13,7 +13,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -259,3 +259,52 @@ def test_a_loop_closed_while_its_job_is_in_the_thread_leaves_the_writer_serving(
     assert asyncio.run(later()) != threading.get_ident()
     assert errors == []
     assert _rows(path) == [(1, "x"), (2, "x")]  # a job cancelled mid-batch is written
+
+
+async def test_a_writer_by_default_commits_at_full_in_the_thread(tmp_path: Path) -> None:
+    writer = SQLiteWriter(tmp_path / "w.db", SCHEMA)
+    try:
+        assert not writer.inline
+        level = await writer.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
+        assert level == (2,)  # FULL: every commit fsyncs
+    finally:
+        await writer.close()
+
+
+class _Refusing:
+    """A connection whose every statement meets a lock (as a checkpoint can)."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def execute(self, sql: str) -> None:
+        self.statements.append(sql)
+        raise sqlite3.OperationalError("database is locked")
+
+
+async def test_a_checkpoint_that_meets_a_lock_is_tried_again_next_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plumbing, "CHECKPOINT_EVERY_S", 0.02)
+    writer = SQLiteWriter(tmp_path / "n.db", SCHEMA, synchronous="NORMAL")
+    await writer.close()  # its thread gone: this test drives the idle wait itself
+    conn = _Refusing()
+    work = [object()]
+    threading.Timer(0.3, writer._queue.put, (work,)).start()
+    got = await asyncio.to_thread(writer._next, cast(sqlite3.Connection, conn))
+    assert got is work  # the failed checkpoints did not end the wait
+    assert len(conn.statements) >= 3  # one a period, each refused and tried again
+    assert set(conn.statements) == {"PRAGMA wal_checkpoint(PASSIVE)"}
+
+
+async def test_a_full_writer_never_checkpoints_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plumbing, "CHECKPOINT_EVERY_S", 0.02)
+    writer = SQLiteWriter(tmp_path / "f.db", SCHEMA, synchronous="FULL")
+    await writer.close()
+    conn = _Refusing()
+    work = [object()]
+    threading.Timer(0.2, writer._queue.put, (work,)).start()
+    assert await asyncio.to_thread(writer._next, cast(sqlite3.Connection, conn)) is work
+    assert conn.statements == []  # its commits checkpoint as SQLite does by itself
