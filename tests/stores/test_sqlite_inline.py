@@ -204,9 +204,13 @@ async def test_inline_given_overrides_the_level(
     try:
         assert writer.inline is inline
         on_loop = await writer.run(_insert(1)) == threading.get_ident()
+        level = await writer.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
     finally:
         await writer.close()
     assert on_loop is inline
+    # the connection that committed is at NORMAL: the writer thread's at the level
+    # given, the loop's own always (an inline commit never fsyncs)
+    assert level == (1,)
 
 
 async def test_closing_inline_commits_what_is_queued_in_the_thread(tmp_path: Path) -> None:
@@ -294,7 +298,7 @@ async def test_a_checkpoint_that_meets_a_lock_is_tried_again_next_period(
     got = await asyncio.to_thread(writer._next, cast(sqlite3.Connection, conn))
     assert got is work  # the failed checkpoints did not end the wait
     assert len(conn.statements) >= 3  # one a period, each refused and tried again
-    assert set(conn.statements) == {"PRAGMA wal_checkpoint(PASSIVE)"}
+    assert {sql.upper() for sql in conn.statements} == {"PRAGMA WAL_CHECKPOINT(PASSIVE)"}
 
 
 async def test_a_full_writer_never_checkpoints_itself(
