@@ -647,3 +647,20 @@ async def test_a_legacy_best_of_of_zero_counts_as_absent(tmp_path: Path) -> None
     await reply.after
     (row,) = await h.rows()
     assert (row.requested_candidate_count, row.effective_candidate_count) == (None, 1)
+
+
+async def test_a_legacy_best_of_over_the_maximum_is_refused_by_that_name(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))})
+    with pytest.raises(PolicyDenied) as info:
+        await _legacy(h, best_of=9, temperature=1)
+    assert info.value.param == "best_of"
+    assert info.value.message.startswith("best_of=9 exceeds the approved maximum of ")
+
+
+async def test_a_legacy_max_tokens_of_zero_reserves_one_token_a_candidate(tmp_path: Path) -> None:
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(_completion_body())]))})
+    reply = await _legacy(h, max_tokens=0)
+    if reply.after is not None:
+        await reply.after
+    (row,) = await h.rows()
+    assert row.reserved_output_tokens == 1  # a bound, never short, and no more

@@ -14,8 +14,10 @@ from ncap.lifecycle.failures import (
     classify,
     client_error,
     ledger_outcome,
+    reported_usage,
     stream_cut,
 )
+from ncap.protocol.responses import SummaryUsage, Usage
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.providers.openai import openai_failure
 
@@ -149,3 +151,28 @@ def test_a_providers_own_refusal_is_recorded_as_rejected_and_shown_as_is() -> No
 def test_mid_stream_failures(failure: AttemptFailed, cut: str) -> None:
     reason, error = stream_cut(failure)
     assert reason == cut and isinstance(error, NcapError) and error.status == 502
+
+
+# -- what a refusal reported (Gemini's blocked prompt), pinned for mutation testing ------
+
+BLOCKED_USAGE = Usage(completion_tokens=0, prompt_tokens=12, total_tokens=12)
+
+
+def test_a_refusal_that_reported_usage_hands_it_over_as_is() -> None:
+    blocked = AttemptFailed("status", 400, error=BAD, usage=BLOCKED_USAGE)
+    assert ledger_outcome(blocked) == "rejected"
+    assert reported_usage(blocked) == SummaryUsage(
+        prompt_tokens=12, completion_tokens=0, total_tokens=12
+    )
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        AttemptFailed("status", 400, error=BAD),  # a refusal that reported nothing
+        AttemptFailed("timeout", usage=BLOCKED_USAGE),  # not a refusal: its usage is unknown
+        AttemptFailed("status", 500, usage=BLOCKED_USAGE),
+    ],
+)
+def test_no_other_failure_reports_usage(failure: AttemptFailed) -> None:
+    assert reported_usage(failure) is None

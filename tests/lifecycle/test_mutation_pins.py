@@ -25,10 +25,13 @@ from ncap.errors import (
     UpstreamTimeout,
 )
 from ncap.lifecycle import Caller, attempts
+from ncap.lifecycle.asked import candidate_param
 from ncap.lifecycle.failures import as_failure, client_error, ledger_outcome
 from ncap.lifecycle.plan import RouteRuntime
 from ncap.lifecycle.reports import Tally, summed_usage
 from ncap.lifecycle.settle import Deferred, _Steps, _whole_need
+from ncap.protocol.chat import ChatCompletionRequest
+from ncap.protocol.completions import CompletionRequest
 from ncap.protocol.responses import ResponseSummary, SummaryUsage, SummaryUsageDetails
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryLedgerStore
@@ -445,3 +448,24 @@ async def test_branches_that_opened_when_another_did_not_are_held_as_cut(
     assert [hold.hold_id for hold in await h.outstanding()] == [hold_id_for(first.request_id, 1)]
     sample = h.metrics.registry.get_sample_value
     assert sample("ncap_upstream_attempts_total", {"route": "a", "outcome": "stream_cut"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "n"),
+        ({"best_of": 0}, "n"),  # 0: no best_of, the count is n's
+        ({"best_of": 1}, "best_of"),
+        ({"best_of": 3, "n": 2}, "best_of"),
+    ],
+)
+def test_candidate_param_names_the_field_the_count_came_from(
+    body: dict[str, Any], param: str
+) -> None:
+    legacy = msgspec.convert({"model": "m", "prompt": "hi", **body}, CompletionRequest)
+    assert candidate_param(legacy) == param
+    chat = msgspec.convert(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 3},
+        ChatCompletionRequest,
+    )
+    assert candidate_param(chat) == "n"

@@ -28,6 +28,7 @@ from ncap.errors import (
 from ncap.lifecycle import Accounting, Gateway
 from ncap.lifecycle.plan import Attempt, Plan
 from ncap.lifecycle.settle import Deferred, _Steps
+from ncap.protocol.responses import Usage
 from ncap.protocol.validate import parse_chat_request
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryBudgetStore
@@ -537,3 +538,29 @@ async def test_shutdown_stops_the_retry_task() -> None:
     assert task is not None and not task.done()
     await deferred.close()
     assert task.cancelled()
+
+
+async def test_a_refusal_that_reported_usage_is_settled_at_it(tmp_path: Path) -> None:
+    """Gemini's blocked prompt: a refusal (no retry, nothing generated) that reported
+    the prompt tokens it read; the row and the hold are settled at them, not released."""
+    blocked = Fail(
+        AttemptFailed(
+            "status",
+            400,
+            error=UpstreamErrorDetail("blocked", param="messages"),
+            usage=Usage(completion_tokens=0, prompt_tokens=12, total_tokens=12),
+        )
+    )
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([blocked]))})
+    with pytest.raises(InvalidRequest):
+        await h.chat()
+    (row,) = await h.rows()
+    assert (row.state, row.usage_source, row.upstream_status) == (
+        "settled",
+        "provider_response",
+        400,
+    )
+    assert (row.input_tokens, row.output_tokens_total, row.total_tokens) == (12, 0, 12)
+    assert (row.cost_micros, row.returned_candidate_count) == (12, 0)  # 12 x $1/Mtok
+    usage = await h.budgets.usage("default")
+    assert (usage.tokens_minute, usage.cost_day, usage.in_flight) == (12, 12, 0)
