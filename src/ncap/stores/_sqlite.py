@@ -195,20 +195,19 @@ class SQLiteWriter:
                 self._fast.execute("PRAGMA busy_timeout = 0")
                 self._fast.execute("PRAGMA wal_autocheckpoint = 0")  # the thread's job
             self._fast.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
-                return False
-            _fail_all(batch, exc)  # the file cannot be opened or written: say so to
-            return True  # every caller (this runs in a loop callback: nobody else would)
         except Exception as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                return False
+            # the file cannot be opened or written: say so to every caller (this runs
+            # in a loop callback, where nobody else would)
             _fail_all(batch, exc)
             return True
         try:
             _commit(self._fast, batch, begun=True)
         except BaseException as exc:  # _commit stores failures; anything else must
             _rollback(self._fast)  # still reach every caller, never leave one waiting
-            for job in batch:
-                job.outcome = (False, exc)
+            _fail_all(batch, exc)
+            return True
         _resolve_all(batch)
         return True
 
