@@ -396,6 +396,20 @@ def _admin_store(config: Config) -> AdminStore:
     return admin_store_for_ledger(url, path)
 
 
+def _request_signals(config: Config, tracer_provider: Any) -> RequestSignals:
+    """The access log and traces, as the observability settings ask."""
+    obs = config.observability
+    return RequestSignals(access_log=obs.access_log, tracer=tracer_for(obs.traces, tracer_provider))
+
+
+def _route_runtimes(config: Config, metrics: Metrics) -> dict[str, RouteRuntime]:
+    """Each configured route with its provider (remote ones report their health)."""
+    return {
+        rid: RouteRuntime(rid, route, _observed(route, rid, metrics))
+        for rid, route in config.routes.items()
+    }
+
+
 def _add_routes(app: web.Application, config: Config) -> None:
     """Every endpoint of SPEC §3, the dashboard, the admin API and the OpenAPI document."""
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -429,10 +443,7 @@ def create_app(
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = _admin_store(config)
     alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store)
-    obs = config.observability
-    signals = app[SIGNALS] = RequestSignals(
-        access_log=obs.access_log, tracer=tracer_for(obs.traces, tracer_provider)
-    )
+    signals = app[SIGNALS] = _request_signals(config, tracer_provider)
     accounting = Accounting(
         config,
         ledger,
@@ -453,10 +464,7 @@ def create_app(
         interval_s=config.server.heartbeat_interval_s,
         timeout_s=config.server.heartbeat_timeout_s,
     )
-    routes = {
-        rid: RouteRuntime(rid, route, _observed(route, rid, metrics_))
-        for rid, route in config.routes.items()
-    }
+    routes = _route_runtimes(config, metrics_)
     app[CONFIG] = config
     app[ACCOUNTING] = accounting
     app[PEERS] = peers
