@@ -12,8 +12,7 @@ way (rounded **down**), so a limit never admits more than the operator wrote.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from functools import lru_cache
+from decimal import ROUND_FLOOR, Decimal
 
 from ncap.config import Pricing
 
@@ -69,10 +68,49 @@ class Prices:
         )
 
 
-@lru_cache(maxsize=256)
-def _prices_of(pricing: Pricing) -> Prices:
-    """Route prices are frozen config: convert each to decimals once."""
-    return Prices.of(pricing)
+@dataclass(frozen=True, slots=True)
+class _Scaled:
+    """Prices as integers over one power of ten: ``price = value / scale`` exactly, so
+    a cost is integer arithmetic (and the same exact, rounded-up result as Decimal's)."""
+
+    input: int
+    cached_input: int
+    output: int
+    scale: int
+
+    @classmethod
+    def of(cls, prices: Prices) -> _Scaled:
+        values = (prices.input, prices.cached_input, prices.output)
+        digits = max(0, *(-_exponent(p) for p in values))
+        scale = 10**digits
+        return cls(
+            input=int(prices.input * scale),
+            cached_input=int(prices.cached_input * scale),
+            output=int(prices.output * scale),
+            scale=scale,
+        )
+
+
+def _exponent(value: Decimal) -> int:
+    exponent = value.normalize().as_tuple().exponent
+    return exponent if isinstance(exponent, int) else 0
+
+
+# route prices are frozen config objects that live as long as the process: keyed by
+# identity (hashing a pydantic model costs more than the arithmetic), the object kept
+# alive beside its entry so an id is never reused while cached
+_SCALED: dict[int, tuple[Pricing | Prices, _Scaled]] = {}
+
+
+def _scaled(pricing: Pricing | Prices) -> _Scaled:
+    entry = _SCALED.get(id(pricing))
+    if entry is not None and entry[0] is pricing:
+        return entry[1]
+    prices = pricing if isinstance(pricing, Prices) else Prices.of(pricing)
+    scaled = _Scaled.of(prices)
+    if len(_SCALED) < 1024:
+        _SCALED[id(pricing)] = (pricing, scaled)
+    return scaled
 
 
 def cost_micros(
@@ -88,11 +126,7 @@ def cost_micros(
     """
     if min(input_tokens, cached_input_tokens, output_tokens) < 0:
         raise ValueError("token counts cannot be negative")
-    prices = pricing if isinstance(pricing, Prices) else _prices_of(pricing)
+    p = _scaled(pricing)
     cached = min(cached_input_tokens, input_tokens)
-    exact = (
-        (input_tokens - cached) * prices.input
-        + cached * prices.cached_input
-        + output_tokens * prices.output
-    )
-    return int(exact.to_integral_value(rounding=ROUND_CEILING))
+    exact = (input_tokens - cached) * p.input + cached * p.cached_input + output_tokens * p.output
+    return -(-exact // p.scale)  # rounded up: never below the exact price

@@ -62,8 +62,12 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     the client's error."""
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    async with body_deadline(timeout_s):
+    if request.content.is_eof():
+        # the whole body came with the head (the usual case): nothing left to wait for
         raw = await read_limited(request, limit)
+    else:
+        async with body_deadline(timeout_s):
+            raw = await read_limited(request, limit)
     if raw is None:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
     return raw

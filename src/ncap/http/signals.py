@@ -53,52 +53,95 @@ def log_access_to_stdout() -> None:
     logger = access_logger()
     if logger.handlers:
         return
-    handler = BatchedStreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler = BatchedStreamHandler(sys.stdout, plain=True)
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
 
 
 class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A ``StreamHandler`` that flushes its stream at most every ``interval_s`` (and
-    at close), not after every record: one write per batch of access lines instead of
-    one system call per request. A background thread flushes what an idle gateway
-    still holds, so no line waits longer than ``interval_s``; a ``kill -9`` can lose at
-    most that much of the access log (never a ledger row: the ledger is its own store).
+    """A ``StreamHandler`` that writes its lines in batches, at most every
+    ``interval_s`` (and at close, or when ``max_pending`` lines wait), not one write per
+    record: the event loop only appends the formatted line to a list, and a background
+    thread makes the one system call per batch (the GIL is released while it writes).
+    So no line waits longer than ``interval_s`` and the loop never blocks on stdout; a
+    ``kill -9`` can lose at most that much of the access log (never a ledger row: the
+    ledger is its own store).
     """
 
-    def __init__(self, stream: Any, interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        interval_s: float = 0.25,
+        max_pending: int = 4096,
+        *,
+        plain: bool = False,
+    ) -> None:
         super().__init__(stream)
+        if plain:
+            self.setFormatter(logging.Formatter("%(message)s"))
+        self._plain_formatter = self.formatter if plain else None
         self._interval_s = interval_s
-        self._dirty = False
-        self._closed = threading.Event()
+        self._max_pending = max_pending
+        self._pending: list[str] = []
+        self._stop = threading.Event()
         self._flusher = threading.Thread(
             target=self._flush_periodically, name="ncap-access-log", daemon=True
         )
         self._flusher.start()
 
+    def emit(self, record: logging.LogRecord) -> None:
+        """Called with the handler's lock held (``Handler.handle``)."""
+        try:
+            self._pending.append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+        if len(self._pending) >= self._max_pending:
+            self.flush_now()
+
+    def takes_lines(self, logger: logging.Logger) -> bool:
+        """Whether a line for ``logger`` can skip the ``LogRecord`` machinery: this is its
+        only handler, formatting is the plain message and nothing filters."""
+        return (
+            self._plain_formatter is not None
+            and self.formatter is self._plain_formatter
+            and not self.filters
+            and not logger.filters
+            and logger.handlers == [self]
+        )
+
+    def write_line(self, text: str) -> None:
+        """What ``logger.info(text)`` would emit through this handler, minus the record."""
+        with self.lock:  # type: ignore[union-attr]  # the flusher swaps the list under it
+            self._pending.append(text + self.terminator)
+            full = len(self._pending) >= self._max_pending
+        if full:
+            self.flush_now()
+
     def flush(self) -> None:
-        """Called by ``emit`` after each record: only marks the stream dirty."""
-        self._dirty = True
+        """Lines go out in batches (``flush_now``), not at each record."""
 
     def flush_now(self) -> None:
         self.acquire()
         try:
-            self._dirty = False
-            if self.stream and hasattr(self.stream, "flush"):
-                self.stream.flush()
+            lines, self._pending = self._pending, []
+            if lines and self.stream:
+                self.stream.write("".join(lines))
+                if hasattr(self.stream, "flush"):
+                    self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stdout (EPIPE) must not take the gateway down
         finally:
             self.release()
 
     def close(self) -> None:
-        self._closed.set()
+        self._stop.set()
         self.flush_now()
         super().close()
 
     def _flush_periodically(self) -> None:
-        while not self._closed.wait(self._interval_s):
-            if self._dirty:
+        while not self._stop.wait(self._interval_s):
+            if self._pending:
                 self.flush_now()
 
 
@@ -210,7 +253,13 @@ class RequestSignals:
             return  # nobody listens: the line is not even built
         line = _line(record)
         if logging_it and self._log is not None:
-            self._log.info(_encode(line).decode())
+            text = _encode(line).decode()
+            handlers = self._log.handlers
+            sink = handlers[0] if len(handlers) == 1 else None
+            if isinstance(sink, BatchedStreamHandler) and sink.takes_lines(self._log):
+                sink.write_line(text)  # the stdout default: no LogRecord per request
+            else:
+                self._log.info(text)
         if record.span is not None:
             _end_span(record.span, line)
 

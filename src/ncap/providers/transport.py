@@ -60,12 +60,18 @@ class HttpTransport:
         self._limit = max_connections
         self._failure_of = failure_of
         self._session: aiohttp.ClientSession | None = None
+        self._whole_timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300)
+            # no cookie jar: an upstream's cookies must never pass from one caller's
+            # request to another's (and filtering them costs every request)
             self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, auto_decompress=True
+                connector=connector,
+                headers=self._headers,
+                auto_decompress=True,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
@@ -73,19 +79,31 @@ class HttpTransport:
         self, data: bytes, *, timeout: float, url: str | None = None
     ) -> tuple[bytes, Mapping[str, str]]:
         """The 200 answer's body and headers; any other status raises ``failure_of``'s."""
-        client_timeout = aiohttp.ClientTimeout(
-            total=timeout, connect=min(self._connect_timeout, timeout)
-        )
-        with mapped():
+        client_timeout = self._whole_timeouts.get(timeout)
+        if client_timeout is None:  # one per distinct attempt timeout (config values)
+            client_timeout = aiohttp.ClientTimeout(
+                total=timeout, connect=min(self._connect_timeout, timeout)
+            )
+            if len(self._whole_timeouts) < 64:
+                self._whole_timeouts[timeout] = client_timeout
+        # plain try/except rather than ``mapped()`` twice: the same conversion, without
+        # two context-manager objects on every request
+        rid = None
+        try:
             target = url or self.url
             async with self._client().post(target, data=data, timeout=client_timeout) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
-                with mapped(provider_request_id=self.request_id(resp.headers)):
-                    payload = await resp.read()
-                if resp.status != 200:
-                    raise self._failure(resp, payload)
-                return payload, resp.headers
+                rid = self.request_id(resp.headers)
+                payload = await resp.read()
+        except Exception as exc:
+            failure = _failure_from(exc, partial=False, provider_request_id=rid)
+            if failure is None or failure is exc:
+                raise
+            raise failure from exc
+        if resp.status != 200:
+            raise self._failure(resp, payload)
+        return payload, resp.headers
 
     @asynccontextmanager
     async def open(
@@ -129,16 +147,26 @@ def mapped(*, partial: bool = False, provider_request_id: str | None = None) -> 
     known (the response head arrived) goes on every failure raised inside."""
     try:
         yield
-    except AttemptFailed as exc:
+    except Exception as exc:
+        failure = _failure_from(exc, partial=partial, provider_request_id=provider_request_id)
+        if failure is None or failure is exc:
+            raise
+        raise failure from exc
+
+
+def _failure_from(
+    exc: Exception, *, partial: bool, provider_request_id: str | None
+) -> AttemptFailed | None:
+    """``exc`` as the attempt's failure (an ``AttemptFailed`` itself, given the request id
+    when it has none), or None for an exception that is not the transport's."""
+    if isinstance(exc, AttemptFailed):
         if exc.provider_request_id is None:
             exc.provider_request_id = provider_request_id
-        raise
-    except Exception as exc:
-        failure = _converted(exc, partial)
-        if failure is None:
-            raise
+        return exc
+    failure = _converted(exc, partial)
+    if failure is not None:
         failure.provider_request_id = provider_request_id
-        raise failure from exc
+    return failure
 
 
 def _converted(exc: Exception, partial: bool) -> AttemptFailed | None:
