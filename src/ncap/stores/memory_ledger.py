@@ -12,6 +12,7 @@ reads rare).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -45,7 +46,10 @@ class MemoryLedgerStore:
             raise ValueError("max_rows must be at least 1")
         self.max_rows = max_rows
         self.evicted = 0
-        self._rows: dict[Key, LedgerEvent] = {}  # insertion order: oldest first
+        # insertion order, oldest first. An OrderedDict, not a dict: taking the oldest
+        # key of a dict whose front keeps being deleted skips every deleted slot since
+        # its last resize (6 µs per append at 10,000 rows, against 0.5 µs here)
+        self._rows: OrderedDict[Key, LedgerEvent] = OrderedDict()
         self._updates: dict[Key, dict[str, Any]] = {}
         self._attempts: dict[str, list[int]] = {}  # request id -> its attempt numbers
         self._closed = False
@@ -81,7 +85,7 @@ class MemoryLedgerStore:
             key = next(iter(self._rows))
             state = self._updates.get(key, {}).get("state", self._rows[key].state)
             if state in HELD_STATES:
-                self._rows[key] = self._rows.pop(key)  # still a hold: keep it, newest
+                self._rows.move_to_end(key)  # still a hold: keep it, newest
                 continue
             del self._rows[key]
             self._updates.pop(key, None)
