@@ -146,6 +146,8 @@ def test_resolved_config_shows_each_route_only_its_providers_fields() -> None:
     out = resolved(parse_config(text))
     assert "n_ctx" not in out["routes"]["remote"] and "model_path" not in out["routes"]["remote"]
     assert "weights" not in out["routes"]["remote"]
+    assert "prefix_cache_tokens" not in out["routes"]["remote"]
+    assert out["routes"]["engine"]["prefix_cache_tokens"] == 4096
     assert out["routes"]["engine"]["weights"] == "auto"
     assert out["routes"]["remote"]["base_url"] == "http://x"
     assert out["routes"]["engine"]["n_ctx"] == 8192 and "base_url" not in out["routes"]["engine"]

@@ -613,7 +613,15 @@ def _contract_warnings(rid: str, contract: Contract, now: datetime) -> list[tupl
     return []
 
 
-_LOCAL_ONLY = ("model_path", "n_ctx", "max_sequences", "max_queue", "threads", "weights")
+_LOCAL_ONLY = (
+    "model_path",
+    "n_ctx",
+    "max_sequences",
+    "max_queue",
+    "threads",
+    "weights",
+    "prefix_cache_tokens",
+)
 _REMOTE_ONLY = ("base_url", "api_key_env", "headers", "connect_timeout_s", "max_connections")
 
 
