@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
 
 setup:
 	@scripts/setup.sh
@@ -34,13 +34,17 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz
+bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz
 
 # every row of issue 8's table, side by side in one run, with the machine's load
 bench-gateway: setup
 	@scripts/setup-litellm.sh
 	@scripts/setup-portkey.sh
 	$(BIN)/python bench/gateway_bench.py --targets direct,bare,ncap-memory,ncap-ledger,ncap,ncap-sqlite,portkey,litellm --rounds 3 --warmup 3
+
+# user-space instructions per request under callgrind: steady on a busy machine
+bench-instructions: setup
+	$(BIN)/python bench/instructions.py --setups bare,ncap-memory,ncap --requests 2000
 
 bench-ledger: setup
 	$(BIN)/python bench/ledger_check.py --requests 5000 --concurrency 64
