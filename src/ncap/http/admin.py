@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +43,7 @@ from ncap.http.dashboard import admin_refusal
 from ncap.http.limits import body_deadline, read_limited
 from ncap.stores.admin import AdminChange, AdminStore, DuplicateGrant
 
-__all__ = ["ADMIN_STORE", "GRANTS", "add_admin_routes"]
+__all__ = ["ADMIN_ROUTES", "ADMIN_STORE", "GRANTS", "AdminRoute", "NewKey", "add_admin_routes"]
 
 GRANTS = web.AppKey("grants", Grants)
 ADMIN_STORE = web.AppKey("admin_store", AdminStore)
@@ -52,14 +54,10 @@ _encode = msgspec.json.Encoder().encode
 
 
 def add_admin_routes(app: web.Application, config: Config) -> None:
+    """Every route of ``ADMIN_ROUTES`` (the table ``/openapi.json`` describes too)."""
     app[_ADMIN_CONFIG] = config
-    app.router.add_get("/admin/exceptions", list_exceptions)
-    app.router.add_post("/admin/exceptions", create_exception)
-    app.router.add_delete("/admin/exceptions/{id}", revoke_exception)
-    app.router.add_get("/admin/keys", list_keys)
-    app.router.add_post("/admin/keys", create_key)
-    app.router.add_delete("/admin/keys/{id}", revoke_key)
-    app.router.add_get("/admin/audit", audit)
+    for route in ADMIN_ROUTES:
+        app.router.add_route(route.method.upper(), route.path, route.handler)
 
 
 def _admin(request: web.Request) -> str:
@@ -179,7 +177,9 @@ async def revoke_exception(request: web.Request) -> web.Response:
 # -- keys -----------------------------------------------------------------------------------
 
 
-class _NewKey(pydantic.BaseModel):
+class NewKey(pydantic.BaseModel):
+    """The body of ``POST /admin/keys``."""
+
     model_config = pydantic.ConfigDict(extra="forbid")
     workload: str
     environment: str = "production"
@@ -207,7 +207,7 @@ async def list_keys(request: web.Request) -> web.Response:
 
 async def create_key(request: web.Request) -> web.Response:
     actor = _admin(request)
-    new: _NewKey = _validated(_NewKey, await _body(request))
+    new: NewKey = _validated(NewKey, await _body(request))
     config, grants = request.app[_ADMIN_CONFIG], request.app[GRANTS]
     if new.workload not in config.workloads:
         raise InvalidValue(f"No workload {new.workload!r} in the config.", param="workload")
@@ -251,3 +251,46 @@ async def audit(request: web.Request) -> web.Response:
         for e in entries
     ]
     return _json({"object": "list", "data": data})
+
+
+# -- the routes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdminRoute:
+    """One admin endpoint: registered by ``add_admin_routes`` and described in
+    ``/openapi.json`` from this same entry, so the two cannot drift apart."""
+
+    method: str
+    path: str
+    handler: Callable[[web.Request], Awaitable[web.Response]]
+    summary: str
+    body: type[pydantic.BaseModel] | None = None
+    created: bool = False  # answers 201 (a new object) rather than 200
+
+
+ADMIN_ROUTES: tuple[AdminRoute, ...] = (
+    AdminRoute("get", "/admin/exceptions", list_exceptions, "List candidate-count exceptions."),
+    AdminRoute(
+        "post",
+        "/admin/exceptions",
+        create_exception,
+        "Create an exception (owner, budget, expiry); audited.",
+        body=ExceptionGrant,
+        created=True,
+    ),
+    AdminRoute(
+        "delete", "/admin/exceptions/{id}", revoke_exception, "Revoke an exception; audited."
+    ),
+    AdminRoute("get", "/admin/keys", list_keys, "List API keys (ids and labels, never keys)."),
+    AdminRoute(
+        "post",
+        "/admin/keys",
+        create_key,
+        "Create an API key for a workload (shown once); audited.",
+        body=NewKey,
+        created=True,
+    ),
+    AdminRoute("delete", "/admin/keys/{id}", revoke_key, "Revoke a key (by id or label); audited."),
+    AdminRoute("get", "/admin/audit", audit, "The audit log of admin changes."),
+)

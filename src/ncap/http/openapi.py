@@ -6,6 +6,10 @@ answers are the same response structs the gateway encodes, so the published cont
 cannot drift from what is enforced; the legacy ``/v1/completions`` is described the same
 way, over ``CompletionRequest`` (what ``parse_completion_request`` converts into) and
 ``TextCompletion``. A new endpoint is one ``Operation`` in ``OPERATIONS``.
+
+The admin API (``/admin/…``, admin key only) is described from ``ADMIN_ROUTES``, the
+table its routes are registered from; its request bodies are the pydantic models the
+handlers validate with (their JSON Schema), so those cannot drift either.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import msgspec
 from aiohttp import web
 
 from ncap import __version__
+from ncap.http.admin import ADMIN_ROUTES, AdminRoute
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest, TextCompletion
 from ncap.protocol.responses import ChatCompletion, ErrorEnvelope
@@ -72,6 +77,8 @@ def openapi_document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op)
+    for route in ADMIN_ROUTES:
+        paths.setdefault(route.path, {})[route.method] = _admin_operation(route, components)
     return {
         "openapi": "3.1.0",
         "info": {"title": "ncap", "version": __version__},
@@ -106,6 +113,38 @@ def _operation(op: Operation) -> dict[str, Any]:
         out["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": _ref(op.request)}},
+        }
+    return out
+
+
+def _admin_operation(route: AdminRoute, components: dict[str, Any]) -> dict[str, Any]:
+    """An admin endpoint: its body's JSON Schema (from the pydantic model) goes into
+    ``components``; answers are JSON objects (a list is ``{"object": "list", "data"}``)."""
+    error = {"application/json": {"schema": _ref(ErrorEnvelope)}}
+    ok = {"application/json": {"schema": {"type": "object"}}}
+    out: dict[str, Any] = {
+        "summary": route.summary,
+        "tags": ["admin"],
+        "operationId": route.method
+        + route.path.replace("/", "_").replace("{", "").replace("}", ""),
+        "security": [{"bearer": []}],
+        "responses": {
+            "201" if route.created else "200": {"description": "OK", "content": ok},
+            "default": {"description": "An OpenAI-shaped error.", "content": error},
+        },
+    }
+    if "{id}" in route.path:
+        out["parameters"] = [
+            {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+        ]
+    if route.body is not None:
+        name = route.body.__name__
+        schema = route.body.model_json_schema(ref_template=_REF.replace("{name}", "{model}"))
+        components.update(schema.pop("$defs", {}))
+        components[name] = schema
+        out["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(name=name)}}},
         }
     return out
 
