@@ -2,7 +2,7 @@
 
 Two-phase, as every budget store (``ncap.domain.budget``): the caller estimates
 conservatively, ``reserve`` admits the whole reservation against *every* window in one
-call of a versioned Lua script (``lua/budgets_v1.lua``) or changes nothing, and
+call of a versioned Lua script (``lua/budgets_v2.lua``) or changes nothing, and
 ``settle`` replaces it by actual usage (``keep``: usage pending, amounts stay held;
 ``release``: never dispatched). The script is loaded once and called by SHA, and
 reloaded when the server answers NOSCRIPT (a restart or SCRIPT FLUSH).
@@ -50,7 +50,7 @@ from ncap.stores.base import Hold
 
 __all__ = ["SCRIPT_VERSION", "RedisBudgetStore", "mapped_redis", "redis_target"]
 
-SCRIPT_VERSION = "budgets_v1"
+SCRIPT_VERSION = "budgets_v2"
 KEY_SCHEMA = "b1"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NONE = -1  # "no limit" for the script
