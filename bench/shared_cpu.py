@@ -6,7 +6,7 @@ Wall-clock rates are noisy on a shared 2-core machine; CPU time per request is n
 bench/gateway_bench.py; ``ncap``: the embedded default), warms it, then per repeat
 sends ``--requests`` requests at ``-c`` with bench/loadgen.py and reads:
 
-- the gateway's user+sys CPU (``/proc/PID/stat`` of its process tree);
+- the gateway's user+sys CPU (``/proc/PID/stat`` of its process tree), and its sys part;
 - Redis: the server's ``used_cpu_user + used_cpu_sys`` (``INFO cpu``; the whole server,
   so another client's commands count too) and the ``EVALSHA`` calls and their
   ``usec`` (``INFO commandstats``: the scripts' own run time);
@@ -133,6 +133,7 @@ def _sample(target: gb.Target, client: Any, database: str | None) -> dict[str, f
     reads = client.info("stats").get("total_reads_processed", 0)
     sample = {
         "gateway_us": bl.cpu_seconds(target.server.pid),
+        "gateway_sys_us": sum(_proc_cpu(p, user=False) for p in bl.tree(target.server.pid)),
         "redis_us": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
         "evalsha_calls": float(stats["calls"]),
         "evalsha_usec": float(stats["usec"]),
@@ -176,12 +177,13 @@ def _postgres_pids(database: str | None) -> tuple[list[int], list[int]]:
     return backends, others
 
 
-def _proc_cpu(pid: int) -> float:
+def _proc_cpu(pid: int, *, user: bool = True) -> float:
+    """User (unless ``user=False``) + system CPU seconds of one process."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / bl.CLK_TCK
+    return ((int(fields[11]) if user else 0) + int(fields[12])) / bl.CLK_TCK
 
 
 if __name__ == "__main__":
