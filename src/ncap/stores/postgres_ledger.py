@@ -171,7 +171,7 @@ class PostgresLedgerStore:
 
     async def _commit(self, batch: list[_Write]) -> None:
         try:
-            pool = await self.pool.get()
+            pool = await self.pool.writer()
             outcomes = await _run_batch(pool, batch)
         except StoreUnavailable as exc:
             outcomes = [exc] * len(batch)
@@ -404,7 +404,7 @@ def _update_one(names: tuple[str, ...], first: int) -> str:
 
 async def _run_alone(pool: PostgresPool, write: _Write) -> BaseException | None:
     try:
-        return (await _run_batch(await pool.get(), [write]))[0]
+        return (await _run_batch(await pool.writer(), [write]))[0]
     except StoreUnavailable as exc:
         return exc
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
