@@ -44,8 +44,8 @@ def _rev1_insert() -> str:
 
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
-    assert latest("postgresql") == latest("sqlite") == 6
-    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6]
+    assert latest("postgresql") == latest("sqlite") == 5
+    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5]
 
 
 def _tables(path: Path) -> set[str]:
@@ -85,7 +85,7 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     assert "gateway_instances" in _tables(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 6}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 5}
 
 
 async def _ncap_migrate(config: Path) -> Result:
@@ -105,7 +105,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
     async with pg_database() as url:
         result = await _ncap_migrate(_config(tmp_path, url))
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 6}
+        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 5}
         conn = await asyncpg.connect(url)
         try:
             tables = {
@@ -121,7 +121,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
         finally:
             await conn.close()
         assert {"ledger_events", "gateway_instances", "schema_version"} <= tables
-        assert versions == [1, 2, 3, 4, 5, 6]
+        assert versions == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.postgresql
@@ -142,13 +142,8 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
             got = await asyncio.gather(*(s.get("req-1") for s in stores))
             assert got == [[FULL_EVENT]] * 3
             assert await stores[0].get("req-2") == [OLD_ROWS[1]]
-            assert {s.pool.version for s in stores} == {6}
+            assert {s.pool.version for s in stores} == {5}
             assert await stores[0].mark_lost("old-gw") == 1
-            # revision 6: the state index holds only the rows waiting for usage
-            pool = await stores[0].pool.get()
-            assert await pool.fetchval("SELECT to_regclass('ledger_events_state')") is None
-            assert await pool.fetchval("SELECT to_regclass('ledger_events_pending')") is not None
-            assert [e.request_id for e in await stores[0].pending()] == ["req-2"]
         finally:
             for s in stores:
                 await s.close()
