@@ -99,18 +99,19 @@ async def _server_default(url: str) -> str:
 
 
 async def _settings_of(store: PostgresLedgerStore, rounds: int = 3) -> set[str]:
-    """synchronous_commit on the ledger's own pooled connections, after they wrote and
-    went back to the pool (several at once, so more than one connection is asked)."""
+    """synchronous_commit on the ledger's own pooled connections (the writer's, which
+    wrote, and the readers'), after they went back to their pool (several at once, so
+    more than one connection is asked)."""
     seen: set[str] = set()
     for r in range(rounds):
         await asyncio.gather(*(store.append(event(f"s{r}-{i}")) for i in range(8)))
-        pool = await store.pool.get()
-        conns = [await pool.acquire() for _ in range(3)]
-        try:
-            seen |= {str(await c.fetchval("SHOW synchronous_commit")) for c in conns}
-        finally:
-            for c in conns:
-                await pool.release(c)
+        for pool in (await store.pool.writer(), await store.pool.get()):
+            conns = [await pool.acquire() for _ in range(min(3, pool.get_max_size()))]
+            try:
+                seen |= {str(await c.fetchval("SHOW synchronous_commit")) for c in conns}
+            finally:
+                for c in conns:
+                    await pool.release(c)
     return seen
 
 
@@ -246,5 +247,37 @@ async def test_a_row_appended_and_updated_in_one_batch_gets_its_update() -> None
             )
             assert results == [None, None]
             assert (await store.get("fresh"))[0].cost_micros == 9
+        finally:
+            await store.close()
+
+
+async def test_the_writer_plans_once_and_looks_rows_up_by_primary_key_even_on_an_empty_table() -> (
+    None
+):
+    """The writer's connections use generic plans (no re-planning per batch), and the
+    plan made while the table was empty is still the primary-key lookup."""
+    async with pg_schema() as url:
+        store = PostgresLedgerStore(url)
+        try:
+            writer = await store.pool.writer()
+            async with writer.acquire() as conn:
+                assert await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+                names = ("state", "latency_ms")
+                update = pg._update_many(names, 1)
+                await conn.execute(f"PREPARE u AS {update}")
+                plan = "\n".join(
+                    r[0]
+                    for r in await conn.fetch(
+                        "EXPLAIN EXECUTE u('{a}', '{1}', '{settled}', '{1.0}')"
+                    )
+                )
+                await conn.execute("DEALLOCATE u")
+            assert "ledger_events_pkey" in plan and "Seq Scan" not in plan, plan
+            await asyncio.gather(*(store.append(event(f"p{i}")) for i in range(20)))
+            await asyncio.gather(
+                *(store.update(f"p{i}", 0, state="settled", latency_ms=1.0) for i in range(20))
+            )
+            assert {e.state for e in await store.pending()} == set()
+            assert (await store.get("p7"))[0].state == "settled"
         finally:
             await store.close()
