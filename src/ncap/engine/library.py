@@ -21,6 +21,7 @@ from ncap.errors import NcapError
 __all__ = [
     "ALLOW_UNSAFE_BUILD_ENV",
     "BUNDLED_GGUF",
+    "GOMP_SPINCOUNT",
     "check_build",
     "cpu_flags",
     "default_model_path",
@@ -48,6 +49,12 @@ _FEATURE_FLAGS = {
     "AMX_INT8": "amx_int8",
 }
 _ENABLED = re.compile(r"\b([A-Z0-9_]+) = 1\b")
+# How long ggml's OpenMP threads spin for work before they sleep (libgomp reads it once,
+# when llama_cpp loads it; an operator's own value wins). libgomp's default, 300,000
+# spins, keeps the idle worker busy for milliseconds after every decode, on the core the
+# engine's draw helper needs; 10,000 still spins through the waits between the ops of a
+# graph (docs/decisions.md, issue 12).
+GOMP_SPINCOUNT = "10000"
 
 
 def engine_unavailable(message: str) -> NcapError:
@@ -88,6 +95,7 @@ def check_build(system_info: str, flags: set[str] | None) -> None:
 
 def load_library() -> Any:
     """Import ``llama_cpp`` (quietly) and check its build; returns the low-level module."""
+    os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
     try:
         llama_cpp = importlib.import_module("llama_cpp")
     except ImportError as exc:
