@@ -52,9 +52,10 @@ _ENABLED = re.compile(r"\b([A-Z0-9_]+) = 1\b")
 # How long ggml's OpenMP threads spin for work before they sleep (libgomp reads it once,
 # when llama_cpp loads it; an operator's own value wins). libgomp's default, 300,000
 # spins, keeps the idle worker busy for milliseconds after every decode, on the core the
-# engine's draw helper needs; 10,000 still spins through the waits between the ops of a
-# graph (docs/decisions.md, issue 12).
-GOMP_SPINCOUNT = "10000"
+# engine's draw helper needs; 40,000 still spins through the waits between the ops of a
+# graph and through the short gap between two n=1 steps (10,000 did not: its wake-up
+# made the n=1 step ≈ 4 % slower; docs/decisions.md, issue 12).
+GOMP_SPINCOUNT = "40000"
 
 
 def engine_unavailable(message: str) -> NcapError:
