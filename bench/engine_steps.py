@@ -48,11 +48,13 @@ class TimedLib:
     def __init__(self, lib: Any, timings: Timings) -> None:
         self._lib = lib
         self._t = timings
+        self._pending: list[float] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lib, name)
 
     def llama_decode(self, ctx: Any, batch: Any) -> int:
+        self.flush()
         w, c = time.perf_counter(), time.process_time()
         rc = int(self._lib.llama_decode(ctx, batch))
         self._t.decodes.append(
@@ -61,19 +63,17 @@ class TimedLib:
         self._t.starts.append((int(batch.n_tokens), w))
         return rc
 
-    def timed_draw(self, draw: Any) -> Any:
-        """Wraps ``Scheduler._draw``: the wall time of one step's draws."""
-
-        def timed(draws: list[Any]) -> list[int]:
-            w = time.perf_counter()
-            tokens: list[int] = draw(draws)
-            self._t.step_draws.append((len(draws), time.perf_counter() - w))
-            return tokens
-
-        return timed
+    def llama_sampler_sample(self, chain: Any, ctx: Any, row: int) -> int:
+        w = time.perf_counter()
+        token = int(self._lib.llama_sampler_sample(chain, ctx, row))
+        self._pending.append(time.perf_counter() - w)
+        return token
 
     def flush(self) -> None:
-        pass
+        """Close the current step's draws (called before each decode and at the end)."""
+        if self._pending:
+            self._t.step_draws.append((len(self._pending), sum(self._pending)))
+            self._pending = []
 
 
 def ms(x: float) -> str:
@@ -91,11 +91,7 @@ async def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--passages", type=int, default=5)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--serial-draws", action="store_true", help="all draws on the engine thread")
     ap.add_argument("--spin", default=None, help="GOMP_SPINCOUNT for ggml's OpenMP threads")
-    ap.add_argument(
-        "--ab-draws", action="store_true", help="n-requests with split and serial draws, paired"
-    )
     ap.add_argument("--only-n", action="store_true", help="skip the n=1 requests (profiling)")
     args = ap.parse_args()
 
@@ -122,27 +118,18 @@ async def main() -> None:
     timings = Timings()
     lib = TimedLib(engine.model.lib, timings)
     engine._scheduler._lib = lib  # the scheduler thread reads it on every call
-    if args.serial_draws:
-        engine._scheduler._draw_pool = None
-    split = engine._scheduler._draw_pool is not None
-    engine._scheduler._draw = lib.timed_draw(engine._scheduler._draw)  # type: ignore[method-assign]
     msgs = tuple(messages(args.passages))
 
     def params(n: int, seed: int) -> GenerationParams:
         return GenerationParams(messages=msgs, n=n, max_tokens=args.tokens, seed=seed)
 
     await engine.run(params(1, 0))  # warm-up
-    pool = engine._scheduler._draw_pool
-    if args.ab_draws:
-        variants = [(f"{args.n} split", args.n, pool), (f"{args.n} serial", args.n, None)]
-    else:
-        variants = [] if args.only_n else [("1", 1, pool)]
-        variants.append((str(args.n), args.n, pool))
+    variants = [] if args.only_n else [("1", 1)]
+    variants.append((str(args.n), args.n))
     results: dict[str, dict[str, list[float]]] = {v[0]: defaultdict(list) for v in variants}
     try:
         for _ in range(args.repeat):
-            for label, n, draw_pool in variants:
-                engine._scheduler._draw_pool = draw_pool
+            for label, n in variants:
                 timings.decodes.clear()
                 timings.step_draws.clear()
                 timings.starts.clear()
@@ -175,7 +162,7 @@ async def main() -> None:
     print(
         f"weights {args.weights} ({engine.model_file.name}); threads {args.threads}"
         f"/{args.threads_batch or args.threads}; kv {args.kv or 'f16'}; fa {not args.no_fa}; "
-        f"draws {'split' if split else 'serial'}; spin {args.spin}; "
+        f"spin {args.spin}; "
         f"median of {args.repeat}; load {' '.join(f'{x:.2f}' for x in load)} → "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
@@ -193,7 +180,7 @@ async def main() -> None:
             f"{ms(med(r['step_wall']))} / {ms(med(r['step_cpu']))} | {ms(med(r['draws']))} "
             f"| {ms(med(r['interval']))} |"
         )
-    if args.only_n or args.ab_draws:
+    if args.only_n:
         return
     one, many = results["1"], results[str(args.n)]
     print(

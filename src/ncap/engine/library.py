@@ -21,7 +21,6 @@ from ncap.errors import NcapError
 __all__ = [
     "ALLOW_UNSAFE_BUILD_ENV",
     "BUNDLED_GGUF",
-    "GOMP_SPINCOUNT",
     "check_build",
     "cpu_flags",
     "default_model_path",
@@ -49,13 +48,6 @@ _FEATURE_FLAGS = {
     "AMX_INT8": "amx_int8",
 }
 _ENABLED = re.compile(r"\b([A-Z0-9_]+) = 1\b")
-# How long ggml's OpenMP threads spin for work before they sleep (libgomp reads it once,
-# when llama_cpp loads it; an operator's own value wins). libgomp's default, 300,000
-# spins, keeps the idle worker busy for milliseconds after every decode, on the core the
-# engine's draw helper needs; 40,000 still spins through the waits between the ops of a
-# graph and through the short gap between two n=1 steps (10,000 did not: its wake-up
-# made the n=1 step ≈ 4 % slower; docs/decisions.md, issue 12).
-GOMP_SPINCOUNT = "40000"
 
 
 def engine_unavailable(message: str) -> NcapError:
@@ -96,7 +88,6 @@ def check_build(system_info: str, flags: set[str] | None) -> None:
 
 def load_library() -> Any:
     """Import ``llama_cpp`` (quietly) and check its build; returns the low-level module."""
-    os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
     try:
         llama_cpp = importlib.import_module("llama_cpp")
     except ImportError as exc:

@@ -22,7 +22,6 @@ from ncap.engine.params import GenerationParams, JsonGrammar
 from ncap.errors import InvalidValue
 
 __all__ = [
-    "DrawBuffer",
     "LogitsRow",
     "SamplerChain",
     "base_seed",
@@ -99,10 +98,6 @@ class SamplerChain:
         """Sample from logits row ``row`` of the last decode; the chain accepts the token."""
         return int(self._lib.llama_sampler_sample(self._chain, ctx, row))
 
-    def draw(self, buffer: DrawBuffer, logits: npt.NDArray[np.float32]) -> int:
-        """``sample`` without the context: the same token from the same logits row."""
-        return buffer.draw(self._chain, logits)
-
     def close(self) -> None:
         if self._chain:
             self._lib.llama_sampler_free(self._chain)
@@ -144,47 +139,6 @@ class SamplerChain:
         if p.top_p < 1.0:
             self._add(lib.llama_sampler_init_top_p(p.top_p, 1))
         self._add(lib.llama_sampler_init_dist(seed))
-
-
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-
-
-class DrawBuffer:
-    """A whole-vocabulary candidates array that one thread owns.
-
-    ``draw`` does what ``llama_sampler_sample`` does for a CPU sampler chain (fill the
-    candidates with every token's logit and p = 0, unsorted, apply the chain, take the
-    selected token, let the chain accept it), so it draws the same token; but it reads
-    the logits row from memory instead of asking the context, so the draws of one step
-    can run on two threads while nothing touches the context (docs/decisions.md, issue 12).
-    """
-
-    def __init__(self, lib: Any, n_vocab: int) -> None:
-        if _TOKEN_DATA.itemsize != ctypes.sizeof(lib.llama_token_data):
-            raise RuntimeError("llama_token_data is not (int32, float, float)")
-        self._lib = lib
-        self._n_vocab = n_vocab
-        fresh = np.zeros(n_vocab, _TOKEN_DATA)
-        fresh["id"] = np.arange(n_vocab, dtype=np.int32)
-        # plain int32 views: a structured-dtype copy is ten times slower than a memcpy
-        self._fresh = fresh.view(np.int32)
-        self._buf = np.zeros(n_vocab, _TOKEN_DATA)
-        self._words = self._buf.view(np.int32)
-        self._logits = self._buf["logit"]
-        self._data = ctypes.cast(self._buf.ctypes.data, ctypes.POINTER(lib.llama_token_data))
-        self._array = lib.llama_token_data_array(self._data, n_vocab, -1, False)
-
-    def draw(self, chain: Any, logits: npt.NDArray[np.float32]) -> int:
-        np.copyto(self._words, self._fresh)
-        np.copyto(self._logits, logits)
-        array = self._array
-        array.data, array.size, array.selected, array.sorted = self._data, self._n_vocab, -1, False
-        self._lib.llama_sampler_apply(chain, ctypes.byref(array))
-        if not 0 <= array.selected < array.size:
-            raise RuntimeError("the sampler chain selected no token")
-        token = int(array.data[array.selected].id)
-        self._lib.llama_sampler_accept(chain, token)
-        return token
 
 
 def logits_row(lib: Any, ctx: Any, row: int, n_vocab: int) -> npt.NDArray[np.float32]:

@@ -33,7 +33,6 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +40,7 @@ from ncap.engine.events import ChoiceDelta, Event, RequestDone, RequestFailed, T
 from ncap.engine.model import ContextSettings, LlamaModel
 from ncap.engine.params import GenerationParams
 from ncap.engine.prefix_cache import PrefixCache, common_prefix
-from ncap.engine.sampling import DrawBuffer, LogitsRow, SamplerChain, logits_row, token_info
+from ncap.engine.sampling import LogitsRow, SamplerChain, logits_row, token_info
 from ncap.engine.text import ChoiceText
 from ncap.engine.tools import ToolChoiceText
 from ncap.errors import NcapError, Overloaded
@@ -222,16 +221,6 @@ class Scheduler:
         self._stopping = False
         self._drop_cache = False
         self._stats = EngineStats()
-        # with two or more threads, a step's draws are split between this thread and one
-        # helper (each full-vocabulary draw is ~0.4 ms of serial C while ggml is idle)
-        self._draw_pool: ThreadPoolExecutor | None = None
-        self._draw_buffers: tuple[DrawBuffer, DrawBuffer] | None = None
-        if settings.threads >= 2 and settings.max_sequences >= 2:
-            self._draw_pool = ThreadPoolExecutor(1, thread_name_prefix="ncap-draw")
-            self._draw_buffers = (
-                DrawBuffer(self._lib, model.n_vocab),
-                DrawBuffer(self._lib, model.n_vocab),
-            )
         self._thread = threading.Thread(target=self._run, name="ncap-engine", daemon=True)
         self._thread.start()
 
@@ -279,8 +268,6 @@ class Scheduler:
             self._stopping = True
             self._cond.notify()
         self._thread.join()
-        if self._draw_pool is not None:
-            self._draw_pool.shutdown()
         self._batch.free()
         self._lib.llama_free(self._ctx)
 
@@ -425,49 +412,24 @@ class Scheduler:
     def _sample_all(
         self, decode_rows: list[tuple[Job, _Sequence, int]], prefill_rows: list[tuple[Job, int]]
     ) -> None:
-        draws: list[tuple[Job, _Sequence, int]] = []
+        cache: dict[int, LogitsRow] = {}
+        touched: dict[int, Job] = {}
         for job, seq, row in decode_rows:
             seq.pos += 1
             seq.pending = None
-            draws.append((job, seq, row))
+            self._sample(job, seq, row, cache)
+            touched[id(job)] = job
         for job, row in prefill_rows:
             for seq in job.sequences:
                 seq.pos = len(job.prepared.tokens)
-                draws.append((job, seq, row))
-        tokens = self._draw(draws)
-        cache: dict[int, LogitsRow] = {}
-        touched: dict[int, Job] = {}
-        for (job, seq, row), token in zip(draws, tokens, strict=True):
-            self._accept(job, seq, row, token, cache)
+                self._sample(job, seq, row, cache)
             touched[id(job)] = job
         for job in touched.values():
             self._flush(job)
         self._update_gauges()
 
-    def _draw(self, draws: list[tuple[Job, _Sequence, int]]) -> list[int]:
-        """Every sequence's next token: in this thread alone, or split with the helper."""
-        if self._draw_pool is None or self._draw_buffers is None or len(draws) < 2:
-            return [seq.sampler.sample(self._ctx, row) for _job, seq, row in draws]
-        # the logits rows are resolved here (llama_get_logits_ith may reorder the rows
-        # on its first call after a decode): the helper never calls into the context
-        rows: dict[int, Any] = {}
-        work = []
-        for _job, seq, row in draws:
-            if row not in rows:
-                rows[row] = logits_row(self._lib, self._ctx, row, self._model.n_vocab)
-            work.append((seq.sampler, rows[row]))
-        mine, theirs = work[: (len(work) + 1) // 2], work[(len(work) + 1) // 2 :]
-        mine_buf, their_buf = self._draw_buffers
-        future = self._draw_pool.submit(_draw_each, their_buf, theirs)
-        try:
-            tokens = _draw_each(mine_buf, mine)
-        finally:
-            their_tokens = future.result()  # waits even when this half failed
-        return tokens + their_tokens
-
-    def _accept(
-        self, job: Job, seq: _Sequence, row: int, token: int, cache: dict[int, LogitsRow]
-    ) -> None:
+    def _sample(self, job: Job, seq: _Sequence, row: int, cache: dict[int, LogitsRow]) -> None:
+        token = seq.sampler.sample(self._ctx, row)
         seq.n_tokens += 1
         self._stats.tokens_generated += 1
         params = job.params
@@ -583,7 +545,3 @@ class Scheduler:
     def _update_gauges(self) -> None:
         self._stats.running_requests = len(self._running)
         self._stats.live_sequences = sum(1 for j in self._running for s in j.sequences if s.live)
-
-
-def _draw_each(buffer: DrawBuffer, work: list[tuple[SamplerChain, Any]]) -> list[int]:
-    return [sampler.draw(buffer, logits) for sampler, logits in work]
