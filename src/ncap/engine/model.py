@@ -26,6 +26,11 @@ class ContextSettings:
     n_batch: int
     threads: int
     n_ubatch: int = 0  # 0: n_batch
+    # ggml_type of the KV cache's K and V rows (1: F16, 0: F32, 8: Q8_0, 30: BF16)
+    type_k: int = 1
+    type_v: int = 1
+    threads_batch: int = 0  # 0: threads
+    flash_attn: bool = True
 
 
 class LlamaModel:
@@ -83,8 +88,11 @@ class LlamaModel:
         params.n_seq_max = settings.n_seq_max
         params.kv_unified = True
         params.n_threads = settings.threads
-        params.n_threads_batch = settings.threads
-        params.flash_attn_type = 1  # skips masked cells: results independent of layout
+        params.n_threads_batch = settings.threads_batch or settings.threads
+        params.type_k = settings.type_k
+        params.type_v = settings.type_v
+        # flash attention skips masked cells: results independent of layout
+        params.flash_attn_type = 1 if settings.flash_attn else 0
         params.no_perf = True
         ctx = lib.llama_init_from_model(self._model, params)
         if not ctx:
