@@ -48,7 +48,8 @@ def measure(setup: str, args: argparse.Namespace, upstream_port: int, work: Path
         home = work / setup
         home.mkdir(exist_ok=True)
         stores = gb.NCAP_STORES[setup]
-        config.write_text(gb.ncap_config_text(upstream_port, home, stores, 128))
+        shared = _shared_stores() if stores == "shared" else None
+        config.write_text(gb.ncap_config_text(upstream_port, home, stores, 128, shared))
         argv = [str(bl.VENV_PY), "-m", "ncap.cli.main", "serve", "--config", str(config)]
         argv += ["--port", str(port)]
     out = work / f"{setup}.callgrind"
@@ -82,6 +83,36 @@ def measure(setup: str, args: argparse.Namespace, upstream_port: int, work: Path
         "errors": result.get("errors"),
         "instructions_per_request": round(total / args.requests),
     }
+
+
+_CREATED: list[str] = []  # databases to drop at the end
+
+
+def _run_sql(sql: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    async def run() -> None:
+        conn = await asyncpg.connect(gb.BENCH_POSTGRES, timeout=5)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def _shared_stores() -> tuple[str, str]:
+    """A PostgreSQL database and a Redis key prefix of this measurement's own."""
+    import secrets
+
+    name = f"ncap_instr_{secrets.token_hex(6)}"
+    _run_sql(f'CREATE DATABASE "{name}"')
+    _CREATED.append(name)
+    ledger = gb.BENCH_POSTGRES.rsplit("/", 1)[0] + "/" + name
+    sep = "&" if "?" in gb.BENCH_REDIS else "?"
+    return ledger, f"{gb.BENCH_REDIS}{sep}prefix={name}"
 
 
 def _env(args: argparse.Namespace) -> dict[str, str]:
@@ -149,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bl.stop_server(upstream)
         shutil.rmtree(work, ignore_errors=True)
+        for name in _CREATED:
+            _run_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 

@@ -105,8 +105,13 @@ async def _settings_of(store: PostgresLedgerStore, rounds: int = 3) -> set[str]:
     seen: set[str] = set()
     for r in range(rounds):
         await asyncio.gather(*(store.append(event(f"s{r}-{i}")) for i in range(8)))
-        for pool in (await store.pool.writer(), await store.pool.get()):
-            conns = [await pool.acquire() for _ in range(min(3, pool.get_max_size()))]
+        # the writer keeps one connection of its pool between batches (idle now)
+        held = store._conn
+        assert held is not None
+        seen.add(str(await held.fetchval("SHOW synchronous_commit")))
+        writer, readers = await store.pool.writer(), await store.pool.get()
+        for pool, free in ((writer, writer.get_max_size() - 1), (readers, 3)):
+            conns = [await pool.acquire() for _ in range(min(free, pool.get_max_size()))]
             try:
                 seen |= {str(await c.fetchval("SHOW synchronous_commit")) for c in conns}
             finally:

@@ -31,6 +31,7 @@ failing its neighbours. The driver is asyncpg (measured against psycopg 3:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -127,6 +128,9 @@ class PostgresLedgerStore:
         self._queue: list[_Write] = []
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
+        # the writer's connection, kept between batches
+        self._conn: asyncpg.pool.PoolConnectionProxy[Any] | None = None
+        self._conn_pool: asyncpg.Pool | None = None
         self._closed = False
 
     # -- writes (group commit) ---------------------------------------------------------
@@ -171,12 +175,12 @@ class PostgresLedgerStore:
 
     async def _commit(self, batch: list[_Write]) -> None:
         try:
-            pool = await self.pool.writer()
-            outcomes = await _run_batch(pool, batch)
+            outcomes = await _run_batch(await self._connection(), batch)
         except StoreUnavailable as exc:
             outcomes = [exc] * len(batch)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             if _connection_lost(exc):
+                await self._drop_connection(terminate=True)
                 outcomes = [_unavailable(exc)] * len(batch)
             else:  # one bad write: each alone, so it fails alone
                 outcomes = [await _run_alone(self.pool, write) for write in batch]
@@ -187,6 +191,30 @@ class PostgresLedgerStore:
                 write.future.set_result(None)
             else:
                 write.future.set_exception(outcome)
+
+    async def _connection(self) -> asyncpg.pool.PoolConnectionProxy[Any]:
+        """The writer's connection: checked out of the writer pool once and kept while it
+        works. At c=1 a batch is one write, and a checkout and release per batch were
+        about a third of the write path's CPU (asyncpg releases under ``shield`` and a
+        timeout: a task each). A lost connection is dropped and the next batch takes a
+        new one."""
+        if self._conn is None or not _usable(self._conn):
+            await self._drop_connection(terminate=True)
+            pool = await self.pool.writer()
+            self._conn = await pool.acquire()
+            self._conn_pool = pool
+        return self._conn
+
+    async def _drop_connection(self, *, terminate: bool) -> None:
+        conn, pool, self._conn, self._conn_pool = self._conn, self._conn_pool, None, None
+        if conn is None or pool is None:
+            return
+        # a lost connection may already be back in its pool (asyncpg releases a proxy
+        # whose connection closed): terminating or releasing it again is refused
+        with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresError, OSError):
+            if terminate:  # its state after a lost round trip is unknown: never reused
+                conn.terminate()
+            await pool.release(conn)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -257,10 +285,11 @@ class PostgresLedgerStore:
             assert self._wake is not None
             self._wake.set()
             await asyncio.gather(self._writer, return_exceptions=True)
+        await self._drop_connection(terminate=False)
         await self.pool.close()
 
 
-async def _run_batch(pool: asyncpg.Pool, batch: list[_Write]) -> list[BaseException | None]:
+async def _run_batch(conn: Conn, batch: list[_Write]) -> list[BaseException | None]:
     """The batch in one transaction. Usually that is one statement, so one round trip
     with no ``BEGIN``/``COMMIT`` (a statement is atomic by itself): every append in one
     ``INSERT``, the updates by the columns they set, each set one ``UPDATE``, joined
@@ -271,12 +300,11 @@ async def _run_batch(pool: asyncpg.Pool, batch: list[_Write]) -> list[BaseExcept
     appends = [i for i, w in enumerate(batch) if w.kind == "append"]
     updates = [i for i, w in enumerate(batch) if w.kind == "update"]
     groups = _update_groups(batch, appends, updates)
-    async with pool.acquire() as conn:
-        if groups is not None:
-            await _in_one_statement(conn, batch, appends, groups, outcomes)
-        else:
-            async with conn.transaction():
-                await _one_by_one(conn, batch, appends, updates, outcomes)
+    if groups is not None:
+        await _in_one_statement(conn, batch, appends, groups, outcomes)
+    else:
+        async with conn.transaction():
+            await _one_by_one(conn, batch, appends, updates, outcomes)
     return outcomes
 
 
@@ -404,7 +432,8 @@ def _update_one(names: tuple[str, ...], first: int) -> str:
 
 async def _run_alone(pool: PostgresPool, write: _Write) -> BaseException | None:
     try:
-        return (await _run_batch(await pool.writer(), [write]))[0]
+        async with (await pool.writer()).acquire() as conn:
+            return (await _run_batch(conn, [write]))[0]
     except StoreUnavailable as exc:
         return exc
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
@@ -427,6 +456,14 @@ async def _update(conn: Conn, write: _Write) -> BaseException | None:
 
 def _no_row(key: tuple[str, int]) -> KeyError:
     return KeyError(f"no ledger row for request {key[0]!r} attempt {key[1]}")
+
+
+def _usable(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> bool:
+    """Still checked out and open (a proxy asyncpg released refuses every call)."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
 
 
 def _connection_lost(exc: BaseException) -> bool:
