@@ -91,13 +91,12 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._flusher.start()
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Called with the handler's lock held (``Handler.handle``)."""
         try:
-            self._pending.append(self.format(record) + self.terminator)
+            text = self.format(record)
         except Exception:
             self.handleError(record)
-        if len(self._pending) >= self._max_pending:
-            self.flush_now()
+            return
+        self.write_line(text)
 
     def takes_lines(self, logger: logging.Logger) -> bool:
         """Whether a line for ``logger`` can skip the ``LogRecord`` machinery: this is its
@@ -254,8 +253,7 @@ class RequestSignals:
         line = _line(record)
         if logging_it and self._log is not None:
             text = _encode(line).decode()
-            handlers = self._log.handlers
-            sink = handlers[0] if len(handlers) == 1 else None
+            sink = self._log.handlers[0] if self._log.handlers else None
             if isinstance(sink, BatchedStreamHandler) and sink.takes_lines(self._log):
                 sink.write_line(text)  # the stdout default: no LogRecord per request
             else:
