@@ -15,7 +15,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import msgspec
@@ -453,7 +453,7 @@ def create_app(
         grants=grants,
         observers=[o for o in (signals, alerter) if o.enabled],
     )
-    gauges = app[GAUGES] = StoreGauges(
+    app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
     )
     peers = PeerWatch(
@@ -471,27 +471,31 @@ def create_app(
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
-    background = app[BACKGROUND] = Background(metrics_)
+    app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     _add_routes(app, config)
 
-    async def lifecycle(app: web.Application) -> Any:
-        # recovery that knows its peers (issue 9): only dead instances' rows are lost
-        await peers.start()
-        # in-process budgets rebuild from the ledger here even when no peer was lost
-        # (once; a no-op for shared stores: this new instance holds nothing yet)
-        await budgets.recover_lost(instance)
-        grants.apply(await admin_store.changes())  # admin-made entries survive a restart
-        await gauges.refresh(force=True)
-        await _warm_local_engines(routes.values(), metrics_)
-        yield
-        await background.drain()
-        await alerter.drain()
-        for rt in routes.values():
-            await rt.provider.aclose()
-        await peers.stop()
-        await accounting.close()
-        await admin_store.close()
-
-    app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(_lifecycle)
     return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Start-up before the first request, then the orderly shutdown (``cleanup_ctx``)."""
+    accounting, peers, admin_store = app[ACCOUNTING], app[PEERS], app[ADMIN_STORE]
+    routes = app[GATEWAY].routes.values()
+    # recovery that knows its peers (issue 9): only dead instances' rows are lost
+    await peers.start()
+    # in-process budgets rebuild from the ledger here even when no peer was lost
+    # (once; a no-op for shared stores: this new instance holds nothing yet)
+    await accounting.budgets.recover_lost(accounting.instance)
+    app[GRANTS].apply(await admin_store.changes())  # admin-made entries survive a restart
+    await app[GAUGES].refresh(force=True)
+    await _warm_local_engines(routes, app[METRICS])
+    yield
+    await app[BACKGROUND].drain()
+    await app[ALERTER].drain()
+    for rt in routes:
+        await rt.provider.aclose()
+    await peers.stop()
+    await accounting.close()
+    await admin_store.close()
