@@ -11,10 +11,11 @@ Kernel time (the loopback writes) is not counted: count system calls with
 ``strace -c`` for that. Needs valgrind (on every machine kind here).
 
     .venv/bin/python bench/instructions.py [--setups bare,ncap-memory,ncap]
-        [--requests 2000] [--concurrency 8] [--src DIR]
+        [--requests 2000] [--concurrency 8] [--src DIR] [--keep DIR]
 
 ``--src`` measures another checkout's ``src`` (a before/after of one change) with the
-same harness and upstream.
+same harness and upstream; ``--keep`` copies the callgrind files out, for
+``callgrind_annotate`` (by object file: ``--inclusive=yes``, or per function).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def measure(setup: str, args: argparse.Namespace, upstream_port: int, work: Path
         _callgrind(["-d"], server.pid)
         time.sleep(1)
         total = max(_totals(path) for path in work.glob(f"{setup}.callgrind*"))
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            for path in work.glob(f"{setup}.callgrind*"):
+                shutil.copy(path, Path(args.keep) / path.name)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -161,6 +166,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warm", type=int, default=300)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--src", default="", help="a checkout's src to measure instead")
+    p.add_argument("--keep", default="", help="copy the callgrind files into this folder")
     return p.parse_args(argv)
 
 

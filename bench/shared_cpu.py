@@ -12,7 +12,9 @@ sends ``--requests`` requests at ``-c`` with bench/loadgen.py and reads:
   ``usec`` (``INFO commandstats``: the scripts' own run time);
 - PostgreSQL: the CPU of the backends connected to the run's database
   (``pg_stat_activity`` → ``/proc``) and of the server's other processes (WAL writer,
-  checkpointer, …: shared with any other database on the server).
+  checkpointer, …: shared with any other database on the server), the WAL bytes
+  written (``pg_stat_wal``, server-wide too) and, at the end, the ledger's heap and
+  index bytes per row.
 
 Prints µs per request for each, per repeat and the median.
 
@@ -98,7 +100,7 @@ def measure(run: gb.Run, target: gb.Target, args: argparse.Namespace) -> dict[st
             time.sleep(11)  # idle backends report their commits at most 10 s late
         after = _sample(target, client, database)
         n = int(res["requests"])
-        counts = ("evalsha_calls", "evalsha_usec", "redis_reads", "pg_commits")
+        counts = ("evalsha_calls", "evalsha_usec", "redis_reads", "pg_commits", "pg_wal_bytes")
         row = {k: 1e6 * (after[k] - before[k]) / n for k in after if k not in counts}
         for k in counts:
             row[k + "/req"] = (after[k] - before[k]) / n
@@ -108,7 +110,27 @@ def measure(run: gb.Run, target: gb.Target, args: argparse.Namespace) -> dict[st
         print(f"{target.name} #{i}: " + _fmt(row), file=sys.stderr, flush=True)
     median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"{target.name} median: " + _fmt(median), flush=True)
-    return {"repeats": rows, "median": median, "loadavg": bl.loadavg()}
+    out = {"repeats": rows, "median": median, "loadavg": bl.loadavg()}
+    if database is not None:
+        out["ledger_bytes"] = _ledger_bytes(database)
+        print(f"{target.name} ledger: " + _fmt(out["ledger_bytes"]), flush=True)
+    return out
+
+
+def _ledger_bytes(database: str) -> dict[str, float]:
+    """Heap and index bytes per ledger row of the run's database (every row the run
+    wrote, warm-up included; settled rows carry one dead tuple until vacuumed)."""
+    query = (
+        "SELECT count(*), pg_relation_size('ledger_events'), pg_indexes_size('ledger_events'),"
+        " pg_total_relation_size('ledger_events') FROM ledger_events"
+    )
+    rows, heap, indexes, total = (float(v) for v in _psql(query, database).split("|"))
+    return {
+        "rows": rows,
+        "heap_bytes/row": heap / rows,
+        "index_bytes/row": indexes / rows,
+        "total_bytes/row": total / rows,
+    }
 
 
 def _fmt(row: dict[str, float]) -> str:
@@ -143,13 +165,15 @@ def _sample(target: gb.Target, client: Any, database: str | None) -> dict[str, f
     sample["pg_backends_us"] = sum(_proc_cpu(p) for p in backends)
     sample["pg_server_other_us"] = sum(_proc_cpu(p) for p in others)
     sample["pg_commits"] = _pg_commits(database) if database else 0.0
+    # WAL is counted server-wide (pg_stat_wal): another database's writes count too
+    sample["pg_wal_bytes"] = float(_psql("SELECT wal_bytes FROM pg_stat_wal")) if database else 0.0
     return sample
 
 
-def _psql(query: str) -> str:
+def _psql(query: str, database: str | None = None) -> str:
     admin = urlsplit(gb.BENCH_POSTGRES)
     server = ["-h", admin.hostname or "127.0.0.1", "-p", str(admin.port or 5432)]
-    who = ["-U", admin.username or "postgres", admin.path.lstrip("/") or "postgres"]
+    who = ["-U", admin.username or "postgres", database or admin.path.lstrip("/") or "postgres"]
     out = subprocess.run(
         ["psql", *server, *who, "-Atc", query], capture_output=True, text=True, check=True
     )
