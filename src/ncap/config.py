@@ -105,6 +105,9 @@ class Stores(_Model):
     budgets: str = "memory://"
     # SQLite ledger: normal survives kill -9, full also power loss (docs/configuration.md)
     ledger_durability: LedgerDurability = "normal"
+    # how often each gateway re-reads the admin tables of a shared ledger, so that a
+    # change made through another replica applies here too (docs/configuration.md)
+    admin_refresh_s: float = Field(5.0, gt=0, le=3600)
 
     @field_validator("ledger")
     @classmethod

@@ -304,7 +304,8 @@ class Overloaded(NcapError):
 
 class StoreUnavailable(Overloaded):
     """A store could not be reached or failed: the gateway refuses rather than serve
-    traffic it cannot meter. ``store`` names it (``ledger`` or ``budgets``) for /readyz.
+    traffic it cannot meter. ``store`` names it (``ledger`` or ``budgets`` for /readyz;
+    ``admin`` for the admin API's changes).
 
     Every backend converts its driver's errors into this one class where they enter
     (``raise StoreUnavailable(...) from exc``), so nothing above the stores knows drivers.
@@ -313,9 +314,15 @@ class StoreUnavailable(Overloaded):
     code = "store_unavailable"
 
     def __init__(self, store: str, backend: str, detail: str = "") -> None:
+        consequence = (
+            "; an admin change asked for now may not have been made (GET /admin/audit "
+            "lists those that were)"
+            if store == "admin"  # an admin API call, not a metered request
+            else ", so no request can be metered; nothing was sent upstream"
+        )
         super().__init__(
-            f"The gateway's {store} store ({backend}) is unavailable, so no request can be "
-            "metered; nothing was sent upstream. Retry after a short delay.",
+            f"The gateway's {store} store ({backend}) is unavailable{consequence}. "
+            "Retry after a short delay.",
             retry_after=1.0,
         )
         self.store = store

@@ -1,10 +1,13 @@
-"""The admin store's contract, memory and SQLite alike (``ncap.stores.admin``): the
-changes it hands ``Grants`` (created, revoked, a config entry's tombstone), its audit
+"""The admin store's contract, memory, SQLite and PostgreSQL alike (``ncap.stores.admin``):
+the changes it hands ``Grants`` (created, revoked, a config entry's tombstone), its audit
 trail row by row, ids never reused, budget alerts claimed once. Found by mutation
-testing (docs/mutation.md): only the admin API's HTTP tests reached this module."""
+testing (docs/mutation.md): only the admin API's HTTP tests reached this module. The
+PostgreSQL store is also shared: two replicas on one schema race for an id and an
+alert, and an unreachable server is ``StoreUnavailable`` (a 503 at the edge)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import time
@@ -13,11 +16,13 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from ncap.config import ExceptionGrant, KeyEntry
 from ncap.domain.grants import GrantChanges
-from ncap.errors import ConfigError
+from ncap.errors import ConfigError, StoreUnavailable
+from ncap.stores._postgres import postgres_target
 from ncap.stores.admin import (
     AdminChange,
     AdminStore,
@@ -25,9 +30,11 @@ from ncap.stores.admin import (
     BudgetAlertRow,
     DuplicateGrant,
     MemoryAdminStore,
+    PostgresAdminStore,
     SQLiteAdminStore,
     admin_store_for_ledger,
 )
+from tests.services import pg_schema
 
 AT = datetime(2026, 12, 1, 9, 30, 15, 250_000, tzinfo=UTC)
 GRANT = ExceptionGrant(
@@ -36,13 +43,27 @@ GRANT = ExceptionGrant(
 KEY = KeyEntry(hash="sha256:" + "a" * 64, workload="w", label="ci")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+BACKENDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
+
+
+@pytest.fixture(params=BACKENDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AdminStore]:
-    made: AdminStore = (
-        MemoryAdminStore() if request.param == "memory" else SQLiteAdminStore(tmp_path / "l.db")
-    )
+    if request.param == "postgresql":
+        async with pg_schema() as url:
+            made: AdminStore = PostgresAdminStore(url)
+            yield made
+            await made.close()
+        return
+    made = MemoryAdminStore() if request.param == "memory" else SQLiteAdminStore(tmp_path / "l.db")
     yield made
     await made.close()
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    """A PostgreSQL ledger URL on a schema of its own (two stores on it: two replicas)."""
+    async with pg_schema() as url:
+        yield url
 
 
 def _create(entry: Any, kind: str = "exception", actor: str = "alice") -> AdminChange:
@@ -94,7 +115,8 @@ async def test_the_audit_keeps_the_instant_whatever_its_zone(store: AdminStore) 
     local = AT.astimezone(timezone(timedelta(hours=9)))
     await store.record(_create(GRANT), local)
     (entry,) = await store.audit()
-    assert entry.at == AT  # the same instant (SQLite stores it in UTC, memory as given)
+    assert entry.at == AT  # the same instant (SQLite stores it in UTC, memory as given,
+    # PostgreSQL as a timestamptz)
 
 
 def _alert(threshold: int = 80, **kw: Any) -> BudgetAlertRow:
@@ -226,8 +248,165 @@ def test_the_admin_store_beside_each_ledger(
     assert isinstance(beside, SQLiteAdminStore) and beside.path == tmp_path / "x.db"
     with caplog.at_level(logging.WARNING, "ncap.admin"):
         assert isinstance(admin_store_for_ledger("memory://", None), MemoryAdminStore)
-        assert caplog.messages == []
-        assert isinstance(admin_store_for_ledger("postgresql://h/db", None), MemoryAdminStore)
-    assert caplog.messages == [
-        "admin changes are kept in memory only: no admin tables for this ledger yet"
+        in_schema = admin_store_for_ledger("postgresql://h/db?schema=s1", None)
+        default = admin_store_for_ledger("postgres://h/db", None)
+    assert caplog.messages == []  # a PostgreSQL ledger has its admin tables now
+    assert isinstance(in_schema, PostgresAdminStore) and isinstance(default, PostgresAdminStore)
+    assert (in_schema.pool.dsn, in_schema.pool.schema) == ("postgresql://h/db", "s1")
+    assert (default.pool.dsn, default.pool.schema) == ("postgresql://h/db", None)
+    # its changes are durable at the server's own synchronous_commit (never "off")
+    assert in_schema.pool.synchronous_commit is None
+
+
+@pytest.mark.postgresql
+async def test_postgres_keeps_everything_across_a_reopen_in_the_ledgers_schema(
+    pg_url: str,
+) -> None:
+    first = PostgresAdminStore(pg_url)
+    await first.record(_create(GRANT), AT)
+    assert await first.claim_alert(_alert()) is True
+    await first.mark_delivered(_alert())
+    await first.close()
+    await first.close()  # closing twice is harmless
+    again = PostgresAdminStore(pg_url)
+    try:
+        assert await again.changes() == GrantChanges(exceptions=(GRANT,))
+        assert await again.claim_alert(_alert()) is False
+        (entry,) = await again.audit()
+        assert (entry.seq, entry.at, entry.actor) == (1, AT, "alice")
+    finally:
+        await again.close()
+    dsn, schema = postgres_target(pg_url)
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": schema or "public"})
+    try:
+        alerts = await conn.fetch(
+            "SELECT subject, scope, period, threshold_pct, fired_at, spent_micros,"
+            " limit_micros, delivered FROM budget_alerts"
+        )
+        grants = await conn.fetch("SELECT kind, id, body IS NULL, created_at FROM admin_grants")
+        version = await conn.fetchval("SELECT MAX(version) FROM schema_version")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in alerts] == [("w", "day", "2026-12-01", 80, AT, 8, 10, 1)]
+    assert [tuple(r) for r in grants] == [("exception", "eval", False, AT)]
+    assert version == 6  # the admin tables came with the ledger's own migrations
+
+
+@pytest.mark.postgresql
+async def test_postgres_marks_only_the_alert_named_and_revokes_keep_sqlites_instants(
+    pg_url: str,
+) -> None:
+    store = PostgresAdminStore(pg_url)
+    try:
+        for alert in (_alert(), _alert(100), _alert(subject="x"), _alert(period="2026-12-02")):
+            await store.claim_alert(alert)
+        await store.mark_delivered(_alert())
+        await store.record(_create(GRANT), AT)
+        later = [AT + timedelta(hours=h) for h in (1, 2, 3)]
+        await store.record(AdminChange("bob", "revoke", "exception", "eval"), later[0])
+        await store.record(AdminChange("bob", "revoke", "exception", "cfg"), later[1])
+        await store.record(AdminChange("bob", "revoke", "exception", "cfg"), later[2])
+        delivered = await store.pool.fetch(
+            "SELECT subject, scope, period, threshold_pct FROM budget_alerts WHERE delivered = 1"
+        )
+        grants = await store.pool.fetch(
+            "SELECT id, body IS NULL, created_at, revoked_at FROM admin_grants ORDER BY id"
+        )
+    finally:
+        await store.close()
+    assert [tuple(r) for r in delivered] == [("w", "day", "2026-12-01", 80)]
+    assert [tuple(r) for r in grants] == [  # as test_a_revoke_after_a_revoke_… on SQLite
+        ("cfg", True, later[1], later[2]),
+        ("eval", False, AT, later[0]),
     ]
+
+
+@pytest.mark.postgresql
+async def test_two_replicas_racing_for_one_id_one_wins_and_one_audit_row(pg_url: str) -> None:
+    replicas = [PostgresAdminStore(pg_url) for _ in range(2)]
+    try:
+        results = await asyncio.gather(
+            *(r.record(_create(GRANT, actor=f"r{i}"), AT) for i, r in enumerate(replicas)),
+            return_exceptions=True,
+        )
+        assert sorted(type(r).__name__ for r in results) == ["DuplicateGrant", "NoneType"]
+        winner = f"r{results.index(None)}"
+        for replica in replicas:  # each sees the one entry and the one audit row
+            assert await replica.changes() == GrantChanges(exceptions=(GRANT,))
+            assert [(e.seq, e.actor) for e in await replica.audit()] == [(1, winner)]
+    finally:
+        for replica in replicas:
+            await replica.close()
+
+
+@pytest.mark.postgresql
+async def test_an_alert_raced_by_two_replicas_is_claimed_once(pg_url: str) -> None:
+    """What makes one replica (only) post each webhook: 20 alerts, each claimed by both
+    replicas at once, are 20 wins in all, one per alert."""
+    replicas = [PostgresAdminStore(pg_url) for _ in range(2)]
+    try:
+        for replica in replicas:  # both pools open (migrated) before the race
+            await replica.audit()
+        alerts = [_alert(threshold=t) for t in range(1, 21)]
+        wins = await asyncio.gather(*(r.claim_alert(a) for a in alerts for r in replicas))
+        per_alert = [wins[2 * i] + wins[2 * i + 1] for i in range(len(alerts))]
+        assert per_alert == [1] * len(alerts)
+        assert not any(await asyncio.gather(*(r.claim_alert(a) for a in alerts for r in replicas)))
+    finally:
+        for replica in replicas:
+            await replica.close()
+
+
+@pytest.mark.postgresql
+async def test_an_unreachable_server_is_store_unavailable_naming_the_admin_store() -> None:
+    from tests.servers import free_port
+
+    store = PostgresAdminStore(f"postgresql://postgres@127.0.0.1:{free_port()}/none")
+    calls = [
+        store.changes(),
+        store.record(_create(GRANT), AT),
+        store.audit(),
+        store.claim_alert(_alert()),
+        store.mark_delivered(_alert()),
+    ]
+    for call in calls:
+        with pytest.raises(StoreUnavailable) as refused:
+            await call
+        assert (refused.value.store, refused.value.backend, refused.value.status) == (
+            "admin",
+            "PostgreSQL",
+            503,
+        )
+        assert "GET /admin/audit" in refused.value.message
+    await store.close()
+
+
+@pytest.mark.postgresql
+async def test_the_report_reads_the_alerts_and_exceptions_of_a_postgresql_ledger(
+    pg_url: str,
+) -> None:
+    """``reports/admin_tables`` was written for these tables before they existed on
+    PostgreSQL; with migration 6 the report finds them."""
+    from ncap.reports.admin_tables import admin_exceptions, budget_alerts
+    from ncap.reports.model import Window
+    from ncap.reports.source import PostgresSource
+
+    store = PostgresAdminStore(pg_url)
+    try:
+        await store.record(_create(GRANT), AT)
+        await store.claim_alert(_alert(100))
+    finally:
+        await store.close()
+
+    def read() -> tuple[list[Any], list[ExceptionGrant]]:
+        source = PostgresSource(pg_url)
+        try:
+            window = Window(AT - timedelta(hours=1), AT + timedelta(hours=1))
+            return budget_alerts(source, window), admin_exceptions(source)
+        finally:
+            source.close()
+
+    alerts, exceptions = await asyncio.to_thread(read)
+    assert [(a.code, a.severity) for a in alerts] == [("budget_day_100", "critical")]
+    assert "(webhook not delivered)" in alerts[0].message
+    assert exceptions == [GRANT]

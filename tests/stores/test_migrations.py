@@ -1,11 +1,13 @@
 """Schema migrations on SQLite and PostgreSQL: an empty database is brought to the
-current revision; one at the previous revision is upgraded with its rows intact."""
+current revision; one at an older revision (1, and 5: before the admin tables) is
+upgraded with its rows intact; both dialects' admin tables have the same columns."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -15,12 +17,16 @@ from typer.testing import CliRunner, Result
 import ncap.stores.postgres_ledger as pg
 import ncap.stores.sqlite_ledger as lite
 from ncap.cli.main import app as cli
+from ncap.config import ExceptionGrant
 from ncap.domain.events import LEDGER_COLUMNS
+from ncap.domain.grants import GrantChanges
 from ncap.stores import PostgresLedgerStore, SQLiteLedgerStore
-from ncap.stores._migrations import latest
+from ncap.stores._migrations import latest, migrations
 from ncap.stores._postgres import migrate as pg_migrate
 from ncap.stores._postgres import postgres_target
 from ncap.stores._sqlite import migrate as sqlite_migrate
+from ncap.stores.admin import AdminChange, PostgresAdminStore, SQLiteAdminStore
+from ncap.stores.admin_schema import SQLITE_DDL
 from tests.services import pg_database, pg_schema
 from tests.stores.test_sqlite_ledger import FULL_EVENT, event
 
@@ -35,6 +41,11 @@ ADDED_LATER = (
     "output_tokens_per_choice",
 )
 REV1_COLUMNS = tuple(c for c in LEDGER_COLUMNS if c not in ADDED_LATER)
+ADMIN_TABLES = ("admin_grants", "admin_audit", "budget_alerts")
+AT = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
+GRANT = ExceptionGrant(
+    id="eval", workload="w", owner="o", max_candidates=4, expires="2030-01-01T00:00:00Z"
+)
 
 
 def _rev1_insert() -> str:
@@ -44,8 +55,10 @@ def _rev1_insert() -> str:
 
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
-    assert latest("postgresql") == latest("sqlite") == 5
-    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5]
+    # SQLite's revisions 1 and 6 (the admin tables: stores/admin_schema.py) are in code
+    assert latest("postgresql") == 6
+    assert [v for v, _ in migrations("postgresql")] == [v for v, _ in lite.MIGRATIONS]
+    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6]
 
 
 def _tables(path: Path) -> set[str]:
@@ -59,7 +72,9 @@ def _tables(path: Path) -> set[str]:
 async def test_sqlite_empty_file_to_current(tmp_path: Path) -> None:
     store = SQLiteLedgerStore(tmp_path / "l.db")
     await store.close()
-    assert {"ledger_events", "gateway_instances", "schema_version"} <= _tables(tmp_path / "l.db")
+    assert {"ledger_events", "gateway_instances", "schema_version", *ADMIN_TABLES} <= _tables(
+        tmp_path / "l.db"
+    )
 
 
 async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: Path) -> None:
@@ -85,7 +100,7 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     assert "gateway_instances" in _tables(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 5}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 6}
 
 
 async def _ncap_migrate(config: Path) -> Result:
@@ -105,7 +120,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
     async with pg_database() as url:
         result = await _ncap_migrate(_config(tmp_path, url))
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 5}
+        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 6}
         conn = await asyncpg.connect(url)
         try:
             tables = {
@@ -120,8 +135,8 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
             ]
         finally:
             await conn.close()
-        assert {"ledger_events", "gateway_instances", "schema_version"} <= tables
-        assert versions == [1, 2, 3, 4, 5]
+        assert {"ledger_events", "gateway_instances", "schema_version", *ADMIN_TABLES} <= tables
+        assert versions == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.postgresql
@@ -142,8 +157,98 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
             got = await asyncio.gather(*(s.get("req-1") for s in stores))
             assert got == [[FULL_EVENT]] * 3
             assert await stores[0].get("req-2") == [OLD_ROWS[1]]
-            assert {s.pool.version for s in stores} == {5}
+            assert {s.pool.version for s in stores} == {6}
             assert await stores[0].mark_lost("old-gw") == 1
         finally:
             for s in stores:
                 await s.close()
+
+
+async def test_sqlite_revision_5_with_admin_tables_is_upgraded_with_their_rows_intact(
+    tmp_path: Path,
+) -> None:
+    """Before revision 6 ``SQLiteAdminStore`` created the admin tables itself: a file at
+    revision 5 may have them, with rows; revision 6 (``IF NOT EXISTS``) keeps them."""
+    path = tmp_path / "l.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert sqlite_migrate(conn, lite.MIGRATIONS[:5]) == 5
+    finally:
+        conn.close()
+    before = SQLiteAdminStore(path)
+    await before.record(AdminChange("alice", "create", "exception", "eval", GRANT), AT)
+    await before.close()
+    store = SQLiteLedgerStore(path)
+    await store.close()
+    conn = sqlite3.connect(path)
+    try:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_version")]
+    finally:
+        conn.close()
+    assert versions == [1, 2, 3, 4, 5, 6]
+    after = SQLiteAdminStore(path)
+    try:
+        assert await after.changes() == GrantChanges(exceptions=(GRANT,))
+        assert [(e.seq, e.actor) for e in await after.audit()] == [(1, "alice")]
+    finally:
+        await after.close()
+
+
+@pytest.mark.postgresql
+async def test_postgres_revision_5_is_upgraded_to_the_admin_tables_with_rows_intact() -> None:
+    async with pg_schema() as url:
+        dsn, schema = postgres_target(url)
+        conn = await asyncpg.connect(dsn, server_settings={"search_path": schema or "public"})
+        try:
+            assert await pg_migrate(conn, schema, target=5) == 5
+            rows = [pg._encode_row(e) for e in OLD_ROWS]
+            await conn.fetch(pg._INSERT, *zip(*rows, strict=True))
+            assert await conn.fetchval("SELECT to_regclass('admin_grants')") is None
+        finally:
+            await conn.close()
+        # the admin store and the ledger opening together: revision 6 applied once
+        admin, store = PostgresAdminStore(url), PostgresLedgerStore(url)
+        try:
+            changes, got = await asyncio.gather(admin.changes(), store.get("req-1"))
+            assert changes == GrantChanges() and got == [FULL_EVENT]
+            assert await store.get("req-2") == [OLD_ROWS[1]]
+            assert (admin.pool.version, store.pool.version) == (6, 6)
+            assert await store.mark_lost("old-gw") == 1
+            await admin.record(AdminChange("alice", "create", "exception", "eval", GRANT), AT)
+            assert await admin.changes() == GrantChanges(exceptions=(GRANT,))
+            versions = await admin.pool.fetch("SELECT version FROM schema_version ORDER BY 1")
+            assert [r[0] for r in versions] == [1, 2, 3, 4, 5, 6]
+        finally:
+            await admin.close()
+            await store.close()
+
+
+@pytest.mark.postgresql
+async def test_the_admin_tables_have_the_same_columns_on_both_dialects(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "a.db")
+    try:
+        conn.executescript(SQLITE_DDL)
+        lite_columns = {
+            t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in ADMIN_TABLES
+        }
+    finally:
+        conn.close()
+    async with pg_schema() as url:
+        admin = PostgresAdminStore(url)
+        try:
+            await admin.audit()  # opens the pool: migrated
+            pg_columns = {
+                t: [
+                    r[0]
+                    for r in await admin.pool.fetch(
+                        "SELECT column_name FROM information_schema.columns"
+                        " WHERE table_schema = current_schema() AND table_name = $1"
+                        " ORDER BY ordinal_position",
+                        t,
+                    )
+                ]
+                for t in ADMIN_TABLES
+            }
+        finally:
+            await admin.close()
+    assert pg_columns == lite_columns

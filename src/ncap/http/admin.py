@@ -4,7 +4,10 @@ Admin key only, as a Bearer token (the dashboard's check, ``admin_refusal``; the
 dashboard's browser cookie is not accepted here, so no page can make a browser write
 through the admin API). Each change is written with its audit row (who, when, what)
 in one transaction of the admin store, then the in-memory ``Grants`` snapshot is
-swapped, so the next request's policy and key check see it; no restart. A key is
+swapped, so the next request's policy and key check see it; no restart. The other
+gateways on a shared ledger (PostgreSQL replicas, ``--workers`` on one SQLite file)
+re-read the store every ``stores.admin_refresh_s`` (``GrantsSync``), so a key revoked
+on one is refused by all within that interval. A key is
 shown once, in the answer that created it; only its hash is stored. Who made a
 change is the ``X-Ncap-Actor`` header (an operator's name or address), else
 ``admin``.
@@ -16,6 +19,9 @@ prefix or its label), ``GET /admin/audit``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 import secrets
 from collections.abc import Awaitable, Callable
@@ -43,14 +49,82 @@ from ncap.http.dashboard import admin_refusal
 from ncap.http.limits import body_deadline, read_limited
 from ncap.stores.admin import AdminChange, AdminStore, DuplicateGrant
 
-__all__ = ["ADMIN_ROUTES", "ADMIN_STORE", "GRANTS", "AdminRoute", "NewKey", "add_admin_routes"]
+__all__ = [
+    "ADMIN_ROUTES",
+    "ADMIN_STORE",
+    "GRANTS",
+    "GRANTS_SYNC",
+    "AdminRoute",
+    "GrantsSync",
+    "NewKey",
+    "add_admin_routes",
+]
 
+log = logging.getLogger("ncap.admin")
 GRANTS = web.AppKey("grants", Grants)
 ADMIN_STORE = web.AppKey("admin_store", AdminStore)
 _ADMIN_CONFIG = web.AppKey("admin_config", Config)
 _ACTOR = re.compile(r"^[\w.@+:/ -]{1,128}$")
 _MAX_BODY = 64 * 1024
 _encode = msgspec.json.Encoder().encode
+
+
+class GrantsSync:
+    """Keeps ``grants`` equal to the config merged with the admin store's whole state.
+
+    ``reload`` reads the store and swaps the snapshot; it runs at start-up, after each
+    change made here, and — when other processes share the store (``every_s`` given) —
+    every ``every_s`` in the background, which is how a change made through another
+    gateway reaches this one. Reloads are serialized, so a read that began before a
+    change committed can never be applied after the read that follows it. A failed
+    background reload keeps the snapshot in force (logged once per outage): a gateway
+    on a ledger it cannot reach refuses metered requests anyway.
+    """
+
+    def __init__(self, store: AdminStore, grants: Grants, every_s: float | None = None) -> None:
+        self.store = store
+        self.grants = grants
+        self.every_s = every_s
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    async def reload(self) -> None:
+        async with self._lock:
+            self.grants.apply(await self.store.changes())
+
+    async def start(self) -> None:
+        """The first reload (a failure fails the start-up), then the periodic one."""
+        await self.reload()
+        if self.every_s is not None:
+            self._task = asyncio.create_task(self._run(self.every_s))
+
+    async def _run(self, every_s: float) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.reload()
+            except Exception as exc:  # the loop must outlive an outage of the store
+                if not failing:
+                    log.warning(
+                        "admin changes cannot be re-read (%s); keeping the ones in force",
+                        type(exc).__name__,
+                    )
+                failing = True
+            else:
+                if failing:
+                    log.info("admin changes are re-read again")
+                failing = False
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+GRANTS_SYNC = web.AppKey("grants_sync", GrantsSync)
 
 
 def add_admin_routes(app: web.Application, config: Config) -> None:
@@ -123,7 +197,7 @@ async def _record(request: web.Request, change: AdminChange) -> None:
         raise InvalidValue(
             f"The id {change.target!r} was already used; ids are not reused.", param="id"
         ) from None
-    request.app[GRANTS].apply(await store.changes())
+    await request.app[GRANTS_SYNC].reload()
 
 
 # -- exceptions ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from ncap.errors import (
     PolicyDenied,
     RequestTimeout,
 )
-from ncap.http.admin import ADMIN_STORE, GRANTS, add_admin_routes
+from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
 from ncap.http.dashboard import add_dashboard_routes
 from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
@@ -53,6 +53,7 @@ from ncap.stores import (
     idempotency_for,
     instances_for,
     ledger_from_url,
+    shared_between_processes,
     sqlite_target,
 )
 from ncap.stores.admin import AdminStore, admin_store_for_ledger
@@ -396,6 +397,13 @@ def _admin_store(config: Config) -> AdminStore:
     return admin_store_for_ledger(url, path)
 
 
+def _grants_sync(config: Config, store: AdminStore, grants: Grants) -> GrantsSync:
+    """Other gateways on a shared ledger change its admin tables too: re-read them every
+    ``stores.admin_refresh_s``; a ``memory://`` ledger has no other writer."""
+    shared = shared_between_processes(config.stores.ledger)
+    return GrantsSync(store, grants, config.stores.admin_refresh_s if shared else None)
+
+
 def _request_signals(config: Config, tracer_provider: Any) -> RequestSignals:
     """The access log and traces, as the observability settings ask."""
     obs = config.observability
@@ -442,6 +450,7 @@ def create_app(
     )
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = _admin_store(config)
+    app[GRANTS_SYNC] = _grants_sync(config, admin_store, grants)
     alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider)
     accounting = Accounting(
@@ -488,12 +497,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # in-process budgets rebuild from the ledger here even when no peer was lost
     # (once; a no-op for shared stores: this new instance holds nothing yet)
     await accounting.budgets.recover_lost(accounting.instance)
-    app[GRANTS].apply(await admin_store.changes())  # admin-made entries survive a restart
+    await app[GRANTS_SYNC].start()  # admin-made entries survive a restart; replicas sync
     await app[GAUGES].refresh(force=True)
     await _warm_local_engines(routes, app[METRICS])
     yield
     await app[BACKGROUND].drain()
     await app[ALERTER].drain()
+    await app[GRANTS_SYNC].stop()
     for rt in routes:
         await rt.provider.aclose()
     await peers.stop()

@@ -1,12 +1,16 @@
 """The admin store: what the admin API changed (exceptions, API keys), its audit trail,
-and the budget alerts already fired, in the ledger's database (DDL in
-``stores/admin_schema.py``).
+and the budget alerts already fired, in the ledger's database (SQLite DDL in
+``stores/admin_schema.py``, PostgreSQL's in migration ``0006_admin.sql``).
 
 Every change is one transaction that writes the entry (or its revocation) and its
 audit row together, so the trail cannot miss a change that took effect. The store is
-read whole at start-up (``changes``) and merged with the config by
-``domain.grants.Grants``; admin changes are rare, so the SQLite adapter runs plain
-``sqlite3`` calls in a worker thread behind one lock.
+read whole (``changes``) at start-up, after each local change and every
+``stores.admin_refresh_s`` (``http/admin.GrantsSync``, so that the replicas of a shared
+ledger see each other's changes), and merged with the config by
+``domain.grants.Grants``. Admin changes are rare: the SQLite adapter runs plain
+``sqlite3`` calls in a worker thread behind one lock; the PostgreSQL one has a small
+pool of its own on the ledger's URL (schema migrated by the same revisions), at the
+server's own ``synchronous_commit`` (a committed revocation survives a server crash).
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
+import asyncpg
+
 from ncap.config import ExceptionGrant, KeyEntry
 from ncap.domain.grants import GrantChanges
 from ncap.errors import ConfigError
+from ncap.stores._postgres import PostgresPool, mapped
 from ncap.stores.admin_schema import SQLITE_DDL
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "BudgetAlertRow",
     "DuplicateGrant",
     "MemoryAdminStore",
+    "PostgresAdminStore",
     "SQLiteAdminStore",
     "admin_store_for_ledger",
 ]
@@ -272,6 +280,129 @@ class SQLiteAdminStore:
             await self._run(close)
 
 
+class PostgresAdminStore:
+    """The admin tables beside the PostgreSQL ledger, shared by every replica: an id is
+    refused (``DuplicateGrant``) whichever replica used it first, and an alert is
+    claimed by one replica only (``INSERT … ON CONFLICT DO NOTHING`` on its key)."""
+
+    def __init__(self, url: str) -> None:
+        # a small pool of its own; the server's synchronous_commit (module docstring)
+        self.pool = PostgresPool(url, store="admin", max_size=2)
+
+    async def changes(self) -> GrantChanges:
+        rows = await self.pool.fetch(
+            "SELECT kind, id, body, revoked_at IS NOT NULL AS revoked FROM admin_grants"
+            " ORDER BY created_at, kind, id"
+        )
+        parsed = [
+            (r["kind"], r["id"], json.loads(r["body"]) if r["body"] else None, r["revoked"])
+            for r in rows
+        ]
+        return _changes(parsed, {(k, i) for k, i, _, r in parsed if r})
+
+    async def record(self, change: AdminChange, at: datetime) -> None:
+        detail = json.dumps(_detail(change.entry), sort_keys=True)
+        pool = await self.pool.get()
+        with mapped("admin"):
+            async with pool.acquire() as conn, conn.transaction():
+                await _write_pg_grant(conn, change, detail, at)
+                await conn.execute(
+                    "INSERT INTO admin_audit (at, actor, action, kind, target, detail)"
+                    " VALUES ($1, $2, $3, $4, $5, $6)",
+                    at,
+                    change.actor,
+                    change.action,
+                    change.kind,
+                    change.target,
+                    detail,
+                )
+
+    async def audit(self, limit: int = 1000) -> list[AuditEntry]:
+        rows = await self.pool.fetch(
+            "SELECT seq, at, actor, action, kind, target, detail FROM admin_audit"
+            " ORDER BY seq DESC LIMIT $1",
+            limit,
+        )
+        return [
+            AuditEntry(
+                r["seq"],
+                r["at"],
+                r["actor"],
+                r["action"],
+                r["kind"],
+                r["target"],
+                json.loads(r["detail"]),
+            )
+            for r in reversed(rows)
+        ]
+
+    async def claim_alert(self, alert: BudgetAlertRow) -> bool:
+        status = await self.pool.execute(
+            "INSERT INTO budget_alerts (subject, scope, period, threshold_pct, fired_at,"
+            " spent_micros, limit_micros) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+            " ON CONFLICT DO NOTHING",
+            alert.subject,
+            alert.scope,
+            alert.period,
+            alert.threshold_pct,
+            alert.fired_at,
+            alert.spent_micros,
+            alert.limit_micros,
+        )
+        return status == "INSERT 0 1"
+
+    async def mark_delivered(self, alert: BudgetAlertRow) -> None:
+        await self.pool.execute(
+            "UPDATE budget_alerts SET delivered = 1 WHERE subject = $1 AND scope = $2"
+            " AND period = $3 AND threshold_pct = $4",
+            alert.subject,
+            alert.scope,
+            alert.period,
+            alert.threshold_pct,
+        )
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+async def _write_pg_grant(
+    conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy[Any],
+    change: AdminChange,
+    detail: str,
+    at: datetime,
+) -> None:
+    """``_write_grant`` on PostgreSQL. A create that meets the id (committed by any
+    replica, or being written by one: the insert waits for it) writes nothing."""
+    if change.action == "create":
+        created = await conn.fetchval(
+            "INSERT INTO admin_grants (kind, id, body, created_at) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (kind, id) DO NOTHING RETURNING true",
+            change.kind,
+            change.target,
+            detail,
+            at,
+        )
+        if not created:
+            raise DuplicateGrant(change.target)  # the transaction rolls back: no audit row
+        return
+    status = await conn.execute(
+        "UPDATE admin_grants SET revoked_at = $1 WHERE kind = $2 AND id = $3"
+        " AND revoked_at IS NULL",
+        at,
+        change.kind,
+        change.target,
+    )
+    if status == "UPDATE 0":  # an entry the config defines: a tombstone
+        await conn.execute(
+            "INSERT INTO admin_grants (kind, id, body, created_at, revoked_at)"
+            " VALUES ($1, $2, NULL, $3, $3) ON CONFLICT (kind, id) DO UPDATE SET revoked_at ="
+            " excluded.revoked_at",
+            change.kind,
+            change.target,
+            at,
+        )
+
+
 def _write_grant(conn: sqlite3.Connection, change: AdminChange, detail: str, stamp: str) -> None:
     if change.action == "create":
         try:
@@ -312,10 +443,12 @@ def _stamp(value: datetime) -> str:
 
 
 def admin_store_for_ledger(url: str, sqlite_path: Path | None) -> AdminStore:
-    """The admin store beside the ledger: its SQLite file, or memory for ``memory://``.
-    (The PostgreSQL ledger will get its adapter with the scale-out migrations.)"""
+    """The admin store beside the ledger: its SQLite file, its PostgreSQL database (and
+    schema), or memory for ``memory://``."""
     if sqlite_path is not None:
         return SQLiteAdminStore(sqlite_path)
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresAdminStore(url)
     if not url.startswith("memory://"):
-        log.warning("admin changes are kept in memory only: no admin tables for this ledger yet")
+        log.warning("admin changes are kept in memory only: no admin tables for this ledger")
     return MemoryAdminStore()

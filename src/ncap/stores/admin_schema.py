@@ -1,7 +1,8 @@
-"""The DDL of the admin tables, in one place: kept apart from the ledger's migrations
-so that the PostgreSQL ledger and its migrations (scale-out) can adopt them as one
-step. They live in the ledger's database (same file or server), beside
-``ledger_events``; nothing else in the package writes DDL for them.
+"""The SQLite DDL of the admin tables, in one place. They live in the ledger's database
+(same file or server), beside ``ledger_events``. One source per dialect: this module
+for SQLite (run by the SQLite ledger's revision 6 and by ``SQLiteAdminStore`` on a file
+it opens first), ``migrations/postgresql/0006_admin.sql`` for PostgreSQL; the columns
+are the same (``tests/stores/test_migrations.py`` compares them).
 
 admin_grants    exceptions and API keys the admin API created, and revocations (of
                 its own entries and of the config's): ``kind`` is ``exception`` or
@@ -14,7 +15,7 @@ budget_alerts   one row per budget threshold crossed, per window period; the pri
 
 from __future__ import annotations
 
-__all__ = ["POSTGRESQL_DDL", "SQLITE_DDL"]
+__all__ = ["SQLITE_DDL"]
 
 SQLITE_DDL = """
 CREATE TABLE IF NOT EXISTS admin_grants (
@@ -42,39 +43,6 @@ CREATE TABLE IF NOT EXISTS budget_alerts (
     fired_at TEXT NOT NULL,
     spent_micros INTEGER NOT NULL,
     limit_micros INTEGER NOT NULL,
-    delivered INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (subject, scope, period, threshold_pct)
-);
-"""
-
-# The same tables for the PostgreSQL ledger (not wired in this build: the PostgreSQL
-# ledger's migrations should run this as one migration).
-POSTGRESQL_DDL = """
-CREATE TABLE IF NOT EXISTS admin_grants (
-    kind TEXT NOT NULL CHECK (kind IN ('exception', 'key')),
-    id TEXT NOT NULL,
-    body TEXT,
-    created_at TIMESTAMPTZ NOT NULL,
-    revoked_at TIMESTAMPTZ,
-    PRIMARY KEY (kind, id)
-);
-CREATE TABLE IF NOT EXISTS admin_audit (
-    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at TIMESTAMPTZ NOT NULL,
-    actor TEXT NOT NULL,
-    action TEXT NOT NULL CHECK (action IN ('create', 'revoke')),
-    kind TEXT NOT NULL,
-    target TEXT NOT NULL,
-    detail TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS budget_alerts (
-    subject TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    period TEXT NOT NULL,
-    threshold_pct INTEGER NOT NULL,
-    fired_at TIMESTAMPTZ NOT NULL,
-    spent_micros BIGINT NOT NULL,
-    limit_micros BIGINT NOT NULL,
     delivered INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (subject, scope, period, threshold_pct)
 );

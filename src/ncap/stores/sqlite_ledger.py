@@ -34,6 +34,7 @@ from ncap.stores._common import (
 )
 from ncap.stores._migrations import migrations
 from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
+from ncap.stores.admin_schema import SQLITE_DDL
 from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
 
 __all__ = ["SQLiteLedgerStore"]
@@ -87,7 +88,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
         """,
     ),
-    *(m for m in migrations("sqlite") if m[0] > 1),  # 0002_instances.sql and later
+    *(m for m in migrations("sqlite") if m[0] > 1),  # 0002_instances.sql to 0005
+    # the admin tables (PostgreSQL 0006_admin.sql): IF NOT EXISTS, as a file at revision
+    # 5 may have them already (``SQLiteAdminStore`` created them before revision 6)
+    (6, SQLITE_DDL),
 )
 
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
