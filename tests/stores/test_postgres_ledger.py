@@ -153,7 +153,7 @@ async def test_updates_in_one_batch_apply_as_each_would_alone() -> None:
                 store.update("a", 0, state="settled", cost_micros=10, input_tokens=1),
                 store.update("b", 0, state="settled", cost_micros=20, input_tokens=2),
                 store.update("missing", 0, state="settled", cost_micros=1, input_tokens=1),
-                store.update("c", 0, state="pending", finish_reasons=["stop", "length"]),
+                store.update("c", 0, state="pending", finish_reasons={"stop": 1, "length": 1}),
                 store.append(event("e")),
                 return_exceptions=True,
             )
@@ -173,7 +173,10 @@ async def test_updates_in_one_batch_apply_as_each_would_alone() -> None:
             )
             assert rows["a"].latency_ms == 1.5
             assert (rows["b"].cost_micros, rows["b"].input_tokens) == (20, 2)
-            assert (rows["c"].state, rows["c"].finish_reasons) == ("pending", ["stop", "length"])
+            assert (rows["c"].state, rows["c"].finish_reasons) == (
+                "pending",
+                {"stop": 1, "length": 1},
+            )
             assert rows["c"].cost_micros is None
             assert (rows["d"].state, rows["d"].cost_micros) == ("settled", 7)
             assert rows["e"].state == event("e").state
