@@ -118,6 +118,9 @@ async def test_denied_rows_carry_the_budget_stores_scope(
     assert reply.status_code == 429
     [row] = await rows(stores[0])
     assert (row.state, row.quota_scope) == ("denied", "global")
+    # its reserved row, written beside the Redis reservation, became the denial
+    assert (row.attempt, row.policy_result, row.policy_reason) == (1, "deny", "budget_exhausted")
+    assert (row.denied_by, row.denied_limit, row.reserved_cost_micros) == ("usd_micros_day", 0, 0)
 
 
 async def test_a_peer_leaves_in_flight_requests_alone_and_a_killed_one_is_swept(

@@ -54,17 +54,29 @@ class Admitter:
         m.child(m.candidates_requested, caller.workload_id).observe(decision.effective)
         holds: dict[int, Hold] = {}
         plan: Plan | None = None
+        written: LedgerEvent | None = None  # the first row, when written at admission
         try:
             if decision.error is not None:
                 raise decision.error
             plan = self._plan(request_id, caller, request, body, chain, decision, now)
-            for number in range(1, (decision.effective if plan.emulated else 1) + 1):
-                await self.accounting.reserve(plan, holds, number)
+            if self.accounting.row_beside_reserve and not plan.emulated:
+                row, refused = await self.accounting.reserve_beside_row(plan, holds)
+                if refused is not None:
+                    written = row
+                    raise refused
+                plan = replace(plan, first_row=row)
+            else:
+                for number in range(1, (decision.effective if plan.emulated else 1) + 1):
+                    await self.accounting.reserve(plan, holds, number)
         except (PolicyDenied, RateLimited) as exc:
             await self.accounting.abandon(holds)  # a fan-out admitted in part gives back
             scope = self.accounting.budgets.quota_scope
             denied = plan or _draft(request_id, caller, request, chain, decision, now, scope)
-            await self.accounting.deny(denied, chain[0], exc)
+            await self.accounting.deny(denied, chain[0], exc, written=written)
+            raise
+        except Exception as exc:
+            if written is not None:  # e.g. the budget store down: 503, and a refused row
+                await self.accounting.void(written, exc)
             raise
         m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
         return plan, holds

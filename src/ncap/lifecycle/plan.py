@@ -74,6 +74,9 @@ class Plan:
     # how many of the generated candidates come back (None: all of them)
     kind: RequestKind = "chat"
     returns: int | None = None
+    # the first attempt's ``reserved`` row when admission wrote it beside the
+    # reservation (budgets on another server: ``Accounting.reserve_beside_row``)
+    first_row: LedgerEvent | None = None
 
     @property
     def candidates_per_attempt(self) -> int:

@@ -1,7 +1,10 @@
 """The books of one request: budget holds and ledger rows, attempt by attempt.
 
 1. ``reserve``: an attempt's hold, admitted atomically against every budget window.
-2. ``start``: the attempt's ``reserved`` row is durable before dispatch; the ``Attempt``
+   With budgets on another server (Redis), the first attempt's hold and its
+   ``reserved`` row are written at once (``reserve_beside_row``): two round trips
+   overlapped, and a refused reservation turns that row into the request's denial.
+2. ``begin``: the attempt's ``reserved`` row is durable before dispatch; the ``Attempt``
    it returns is then closed exactly once:
 3. ``answered`` / ``stream_finished`` / ``failed``: the row gets the provider's usage
    and its final state; the hold is settled with actuals, kept (usage unknown: held
@@ -93,6 +96,8 @@ class Accounting:
         self.clock = clock
         self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
         self._deferred = Deferred()
+        # a reservation that is a round trip to another server is sent beside the row
+        self.row_beside_reserve = budgets.round_trip
 
     # -- lifecycle of the stores -------------------------------------------------------
 
@@ -135,6 +140,47 @@ class Accounting:
         )
         self.metrics.reservations_outstanding.inc()
 
+    async def reserve_beside_row(
+        self, plan: Plan, holds: dict[int, Hold]
+    ) -> tuple[LedgerEvent, BaseException | None]:
+        """The first attempt's hold and its ``reserved`` row, sent together: with budgets
+        on Redis and the ledger on PostgreSQL (or SQLite) the two round trips overlap
+        instead of adding up. Both are done before dispatch, as ever. A ledger failure
+        gives the hold back and is raised; otherwise the row and the reservation's
+        refusal, if any (the row is written either way, and the caller turns it into
+        the request's record: ``deny`` or ``void``)."""
+        row = self.row(plan, 1, plan.usable_routes[0], state="reserved")
+        reserved, written = await asyncio.gather(
+            self.reserve(plan, holds, 1), self.ledger.append(row), return_exceptions=True
+        )
+        if isinstance(written, BaseException):
+            await self.abandon(holds)
+            raise written
+        return row, reserved if isinstance(reserved, BaseException) else None
+
+    async def void(self, row: LedgerEvent, error: BaseException) -> None:
+        """A row written beside a reservation that failed for another reason than policy
+        (the budget store down: the client gets 503): it records a refused request, not
+        an attempt, and holds nothing. If the ledger fails too, the row stays
+        ``reserved`` and recovery flags it (``gateway_lost``), never silently."""
+        reason = str(error.code) if isinstance(error, NcapError) else "store_unavailable"
+        try:
+            await self.ledger.update(
+                row.request_id,
+                row.attempt,
+                state="denied",
+                policy_result="deny",
+                policy_reason=reason,
+                reserved_cost_micros=0,
+            )
+        except Exception as exc:
+            log.error(
+                "refused request's row not closed: request=%s reason=%s error=%s",
+                row.request_id,
+                reason,
+                type(exc).__name__,
+            )
+
     async def abandon(self, holds: dict[int, Hold]) -> None:
         """Release the holds no dispatched attempt is using (the request ended early)."""
         while holds:
@@ -155,22 +201,39 @@ class Accounting:
 
     # -- rows --------------------------------------------------------------------------
 
-    async def deny(self, plan: Plan, primary: RouteRuntime, error: NcapError) -> None:
+    async def deny(
+        self,
+        plan: Plan,
+        primary: RouteRuntime,
+        error: NcapError,
+        *,
+        written: LedgerEvent | None = None,
+    ) -> None:
         """The one ``denied`` row of a request refused before any upstream call, with
-        what refused it (``denied_*``) and the budget store's real scope."""
+        what refused it (``denied_*``) and the budget store's real scope: attempt 0, or
+        the ``written`` row (attempt 1) turned into it when the reservation was sent
+        beside its row (``reserve_beside_row``)."""
+        number = 0 if written is None else written.attempt
         event = replace(
-            self.row(plan, 0, primary, state="denied"),
+            self.row(plan, number, primary, state="denied"),
             policy_result="deny",
             policy_reason=str(error.code),
             reserved_cost_micros=0,
             quota_scope=self.budgets.quota_scope,
             **_denied_columns(error.refusal, plan),
         )
-        await self.record_denial(event, plan)
+        await self.record_denial(event, plan, written=written is not None)
 
-    async def record_denial(self, event: LedgerEvent, plan: Plan | None = None) -> None:
-        """Write a denial row, count it, and log a budget exhaustion."""
-        await self.ledger.append(event)
+    async def record_denial(
+        self, event: LedgerEvent, plan: Plan | None = None, *, written: bool = False
+    ) -> None:
+        """Write a denial row (or turn the request's ``written`` reserved row into it),
+        count it, and log a budget exhaustion."""
+        if written:
+            changes = {name: getattr(event, name) for name in _DENIAL_COLUMNS}
+            await self.ledger.update(event.request_id, event.attempt, **changes)
+        else:
+            await self.ledger.append(event)
         workload, reason = event.workload_id, event.policy_reason
         self.metrics.requests.labels(workload, "deny", reason).inc()
         if reason == "budget_exhausted":
@@ -221,12 +284,15 @@ class Accounting:
     async def begin(
         self, plan: Plan, holds: dict[int, Hold], number: int, rt: RouteRuntime
     ) -> Attempt:
-        """Write the attempt's reserved row; every attempt after the first needs a
-        reservation of its own (the previous one was settled, kept or released)."""
-        if number not in holds:
-            await self.reserve(plan, holds, number)
-        row = self.row(plan, number, rt, state="reserved")
-        await self.ledger.append(row)
+        """Write the attempt's reserved row (the first attempt's may be written already,
+        beside its reservation); every attempt after the first needs a reservation of
+        its own (the previous one was settled, kept or released)."""
+        row = plan.first_row
+        if number != 1 or row is None or row.route_id != rt.id:
+            if number not in holds:
+                await self.reserve(plan, holds, number)
+            row = self.row(plan, number, rt, state="reserved")
+            await self.ledger.append(row)
         return Attempt(plan, holds, number, rt, holds[number], row, time.monotonic())
 
     async def answered(self, attempt: Attempt, report: AttemptReport) -> None:
@@ -491,6 +557,19 @@ class Deferred:
                 self._pending.popleft()
         if self._pending:
             log.error("%d settlements not applied at shutdown (rows stay reserved)", self.pending)
+
+
+# what a denial changes on a reserved row written beside its refused reservation
+_DENIAL_COLUMNS = (
+    "state",
+    "policy_result",
+    "policy_reason",
+    "reserved_cost_micros",
+    "quota_scope",
+    "denied_by",
+    "denied_limit",
+    "denied_amount",
+)
 
 
 def _backend(url: str) -> str:

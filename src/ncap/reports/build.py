@@ -10,7 +10,8 @@ pending rows. Percentiles are exact nearest-rank values read from a histogram
 
 Definitions (docs/decisions.md, issue 11):
 - a *request* is counted once, on its first row: ``attempt <= 1`` (a denial is
-  attempt 0, the first dispatched attempt is 1, emulated branches are 1..k);
+  attempt 0, or 1 when its reserved row was written beside a reservation on Redis and
+  then became the denial; the first dispatched attempt is 1, emulated branches 1..k);
 - *output per request* sums ``output_tokens_total`` over all attempts of an allowed
   request that has known usage (requests with no usage at all are in *pending*);
 - *returned* for a request is the sum of ``returned_candidate_count`` over its

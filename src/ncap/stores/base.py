@@ -175,9 +175,12 @@ class IdempotencyStore(Protocol):
 
 
 class BudgetStore(Protocol):
-    """Per-workload windows; ``quota_scope`` says how far a counter reaches."""
+    """Per-workload windows; ``quota_scope`` says how far a counter reaches, and
+    ``round_trip`` whether a reservation is a round trip to another server (the
+    lifecycle then sends the first attempt's ledger row beside it)."""
 
     quota_scope: str
+    round_trip: bool
 
     async def reserve(
         self,

@@ -112,6 +112,7 @@ class RedisBudgetStore:
     """``BudgetStore`` on one Redis (or a Redis Cluster slot per workload)."""
 
     quota_scope = "global"
+    round_trip = True
 
     def __init__(
         self,

@@ -93,6 +93,7 @@ class SQLiteBudgetStore(TwoPhaseBudgets):
     """``BudgetStore`` on a local SQLite file shared by this host's gateways."""
 
     quota_scope = "host"
+    round_trip = False  # its writer thread is in this process
 
     def __init__(
         self,

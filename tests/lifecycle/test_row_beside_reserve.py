@@ -1,0 +1,136 @@
+"""Budgets on another server (``round_trip``): the first attempt's hold and its
+``reserved`` row are sent together, so their round trips overlap, and every outcome
+still leaves exactly one row per request that says what happened."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ncap.domain.events import LedgerEvent
+from ncap.errors import BudgetExhausted, StoreUnavailable
+from ncap.stores import MemoryBudgetStore, MemoryLedgerStore
+from ncap.stores.base import Hold
+from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
+from tests.lifecycle.harness import EMULATE, harness, route
+
+
+class RoundTripBudgets(MemoryBudgetStore):
+    """In-memory counters that say they are a round trip away, as Redis is; a
+    reservation waits for the ledger's insert to have started, so it can only succeed
+    when the two are in flight together."""
+
+    quota_scope = "global"
+    round_trip = True
+
+    def __init__(self, ledger: OverlapLedger, fail: BaseException | None = None) -> None:
+        super().__init__()
+        self.ledger = ledger
+        self.fail = fail
+        self.reserving = asyncio.Event()
+
+    async def reserve(self, *args: Any, **kwargs: Any) -> Hold:
+        self.reserving.set()
+        await asyncio.wait_for(self.ledger.appending.wait(), timeout=2)
+        if self.fail is not None:
+            raise self.fail
+        return await super().reserve(*args, **kwargs)
+
+
+class OverlapLedger(MemoryLedgerStore):
+    def __init__(self, fail: BaseException | None = None) -> None:
+        super().__init__()
+        self.fail = fail
+        self.appending = asyncio.Event()
+        self.budgets: RoundTripBudgets | None = None
+
+    async def append(self, event: LedgerEvent) -> None:
+        self.appending.set()
+        if event.attempt == 1 and self.budgets is not None:  # the reserve is in flight too
+            await asyncio.wait_for(self.budgets.reserving.wait(), timeout=2)
+        if self.fail is not None:
+            raise self.fail
+        await super().append(event)
+
+
+def _stores(
+    budgets_fail: BaseException | None = None, ledger_fail: BaseException | None = None
+) -> tuple[OverlapLedger, RoundTripBudgets]:
+    ledger = OverlapLedger(ledger_fail)
+    budgets = RoundTripBudgets(ledger, budgets_fail)
+    ledger.budgets = budgets
+    return ledger, budgets
+
+
+async def test_the_hold_and_the_row_are_in_flight_together_and_the_row_is_written_once(
+    tmp_path: Path,
+) -> None:
+    ledger, budgets = _stores()
+    provider = ScriptedProvider([Answer(chat_body("x"))])
+    h = harness(tmp_path, {"a": (route(), provider)}, ledger=ledger, budgets=budgets)
+    reply = await h.chat()
+    assert reply.status == 200 and reply.after is not None
+    await reply.after
+    (row,) = await h.rows()  # begin() did not write a second reserved row
+    assert (row.attempt, row.state, row.policy_result) == (1, "settled", "allow")
+    assert row.quota_scope == "global"
+    assert await h.outstanding() == []
+
+
+async def test_a_refused_reservation_turns_the_written_row_into_the_denial(
+    tmp_path: Path,
+) -> None:
+    ledger, budgets = _stores()
+    day = {"workloads": {"default": {"tokens_per_day": 100}}}
+    provider = ScriptedProvider([])
+    h = harness(tmp_path, {"a": (route(), provider)}, ledger=ledger, budgets=budgets, **day)
+    with pytest.raises(BudgetExhausted):
+        await h.chat()
+    (row,) = await h.rows()
+    assert (row.attempt, row.state, row.policy_result) == (1, "denied", "deny")
+    assert (row.policy_reason, row.quota_scope) == ("budget_exhausted", "global")
+    needed = row.reserved_input_tokens + row.reserved_output_tokens
+    assert (row.denied_by, row.denied_limit, row.denied_amount) == ("tokens_day", 100, needed)
+    assert row.reserved_cost_micros == 0
+    assert provider.sent == [] and await h.outstanding() == []
+
+
+async def test_a_budget_store_outage_leaves_a_refused_row_not_a_reserved_one(
+    tmp_path: Path,
+) -> None:
+    ledger, budgets = _stores(budgets_fail=StoreUnavailable("budgets", "redis down"))
+    provider = ScriptedProvider([])
+    h = harness(tmp_path, {"a": (route(), provider)}, ledger=ledger, budgets=budgets)
+    with pytest.raises(StoreUnavailable):
+        await h.chat()
+    (row,) = await h.rows()
+    assert (row.attempt, row.state, row.policy_reason) == (1, "denied", "store_unavailable")
+    assert row.reserved_cost_micros == 0
+    assert provider.sent == [] and await h.outstanding() == []
+
+
+async def test_a_ledger_failure_gives_the_granted_hold_back(tmp_path: Path) -> None:
+    ledger, budgets = _stores(ledger_fail=StoreUnavailable("ledger", "postgresql down"))
+    provider = ScriptedProvider([])
+    h = harness(tmp_path, {"a": (route(), provider)}, ledger=ledger, budgets=budgets)
+    with pytest.raises(StoreUnavailable):
+        await h.chat()
+    assert await h.rows() == []
+    assert provider.sent == [] and await h.outstanding() == []
+
+
+async def test_a_fan_out_reserves_its_branches_as_before(tmp_path: Path) -> None:
+    """Emulated branches each write their row when dispatched (``begin``)."""
+    ledger, budgets = MemoryLedgerStore(), MemoryBudgetStore()
+    budgets.round_trip = True  # type: ignore[misc]
+    answers = [Answer(chat_body("x")), Answer(chat_body("y"))]
+    h = harness(
+        tmp_path, {"a": (route(EMULATE), ScriptedProvider(answers))}, ledger=ledger, budgets=budgets
+    )
+    reply = await h.chat(n=2, temperature=1.0)
+    if reply.after is not None:
+        await reply.after
+    assert [(r.attempt, r.state) for r in await h.rows()] == [(1, "settled"), (2, "settled")]
