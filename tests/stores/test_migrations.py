@@ -56,9 +56,9 @@ def _rev1_insert() -> str:
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
     # SQLite's revisions 1 and 6 (the admin tables: stores/admin_schema.py) are in code
-    assert latest("postgresql") == 6
+    assert latest("postgresql") == 7
     assert [v for v, _ in migrations("postgresql")] == [v for v, _ in lite.MIGRATIONS]
-    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6]
+    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7]
 
 
 def _tables(path: Path) -> set[str]:
@@ -100,7 +100,7 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     assert "gateway_instances" in _tables(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 6}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 7}
 
 
 async def _ncap_migrate(config: Path) -> Result:
@@ -120,7 +120,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
     async with pg_database() as url:
         result = await _ncap_migrate(_config(tmp_path, url))
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 6}
+        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 7}
         conn = await asyncpg.connect(url)
         try:
             tables = {
@@ -136,7 +136,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
         finally:
             await conn.close()
         assert {"ledger_events", "gateway_instances", "schema_version", *ADMIN_TABLES} <= tables
-        assert versions == [1, 2, 3, 4, 5, 6]
+        assert versions == [1, 2, 3, 4, 5, 6, 7]
 
 
 @pytest.mark.postgresql
@@ -157,7 +157,7 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
             got = await asyncio.gather(*(s.get("req-1") for s in stores))
             assert got == [[FULL_EVENT]] * 3
             assert await stores[0].get("req-2") == [OLD_ROWS[1]]
-            assert {s.pool.version for s in stores} == {6}
+            assert {s.pool.version for s in stores} == {7}
             assert await stores[0].mark_lost("old-gw") == 1
         finally:
             for s in stores:
@@ -185,7 +185,7 @@ async def test_sqlite_revision_5_with_admin_tables_is_upgraded_with_their_rows_i
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_version")]
     finally:
         conn.close()
-    assert versions == [1, 2, 3, 4, 5, 6]
+    assert versions == [1, 2, 3, 4, 5, 6, 7]
     after = SQLiteAdminStore(path)
     try:
         assert await after.changes() == GrantChanges(exceptions=(GRANT,))
@@ -206,18 +206,18 @@ async def test_postgres_revision_5_is_upgraded_to_the_admin_tables_with_rows_int
             assert await conn.fetchval("SELECT to_regclass('admin_grants')") is None
         finally:
             await conn.close()
-        # the admin store and the ledger opening together: revision 6 applied once
+        # the admin store and the ledger opening together: revisions 6 and 7 applied once
         admin, store = PostgresAdminStore(url), PostgresLedgerStore(url)
         try:
             changes, got = await asyncio.gather(admin.changes(), store.get("req-1"))
             assert changes == GrantChanges() and got == [FULL_EVENT]
             assert await store.get("req-2") == [OLD_ROWS[1]]
-            assert (admin.pool.version, store.pool.version) == (6, 6)
+            assert (admin.pool.version, store.pool.version) == (7, 7)
             assert await store.mark_lost("old-gw") == 1
             await admin.record(AdminChange("alice", "create", "exception", "eval", GRANT), AT)
             assert await admin.changes() == GrantChanges(exceptions=(GRANT,))
             versions = await admin.pool.fetch("SELECT version FROM schema_version ORDER BY 1")
-            assert [r[0] for r in versions] == [1, 2, 3, 4, 5, 6]
+            assert [r[0] for r in versions] == [1, 2, 3, 4, 5, 6, 7]
         finally:
             await admin.close()
             await store.close()
@@ -252,3 +252,60 @@ async def test_the_admin_tables_have_the_same_columns_on_both_dialects(tmp_path:
         finally:
             await admin.close()
     assert pg_columns == lite_columns
+
+
+def _ephemeral_tables(conn: sqlite3.Connection, sql: str) -> int:
+    """How many ephemeral b-trees a statement's program builds each time it runs."""
+    plan = conn.execute("EXPLAIN " + sql, [None] * sql.count("?")).fetchall()
+    return sum(1 for op in plan if op[1] == "OpenEphemeral")
+
+
+async def test_sqlite_writes_build_no_ephemeral_tables_after_revision_7(tmp_path: Path) -> None:
+    """Revision 7 wrote the CHECK constraints as OR chains: an IN list in a CHECK makes
+    SQLite build (and zero) an ephemeral b-tree at every INSERT and UPDATE."""
+    path = tmp_path / "l.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert sqlite_migrate(conn, lite.MIGRATIONS[:6]) == 6
+        update = (
+            "UPDATE ledger_events SET state = ?, usage_source = ?, policy_result = ?"
+            " WHERE request_id = ? AND attempt = ?"
+        )
+        assert _ephemeral_tables(conn, lite._INSERT) == 2  # revision 6: the IN lists
+        assert sqlite_migrate(conn, lite.MIGRATIONS) == 7
+        assert _ephemeral_tables(conn, lite._INSERT) == 0
+        assert _ephemeral_tables(conn, update) == 0
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute(lite._INSERT, lite._encode_row(event("bad", state="bogus")))
+    finally:
+        conn.close()
+
+
+async def test_sqlite_revision_6_is_rebuilt_with_rows_and_indexes_intact(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert sqlite_migrate(conn, lite.MIGRATIONS[:6]) == 6
+        for row in OLD_ROWS:
+            conn.execute(lite._INSERT, lite._encode_row(row))
+        indexes = "SELECT name, sql FROM sqlite_master WHERE type = 'index' ORDER BY name"
+        before = conn.execute(indexes).fetchall()
+    finally:
+        conn.close()
+    store = SQLiteLedgerStore(path)
+    try:
+        assert await store.get("req-1") == [FULL_EVENT]
+        assert await store.get("req-2") == [OLD_ROWS[1]]
+        assert await store.mark_lost("old-gw") == 1
+    finally:
+        await store.close()
+    conn = sqlite3.connect(path)
+    try:
+        after = conn.execute(indexes).fetchall()
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        conn.close()
+    # the same indexes (whitespace aside), on the rebuilt table
+    assert [(n, " ".join((q or "").split())) for n, q in after] == [
+        (n, " ".join((q or "").split())) for n, q in before
+    ]

@@ -342,7 +342,7 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
     conn = sqlite3.connect(path)
     try:
         versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
-        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,)]
+        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()

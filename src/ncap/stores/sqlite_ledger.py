@@ -88,10 +88,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
         """,
     ),
-    *(m for m in migrations("sqlite") if m[0] > 1),  # 0002_instances.sql to 0005
+    *(m for m in migrations("sqlite") if 1 < m[0] < 6),  # 0002_instances.sql to 0005
     # the admin tables (PostgreSQL 0006_admin.sql): IF NOT EXISTS, as a file at revision
     # 5 may have them already (``SQLiteAdminStore`` created them before revision 6)
     (6, SQLITE_DDL),
+    *(m for m in migrations("sqlite") if m[0] > 6),  # 0007_checks.sql and later
 )
 
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
