@@ -3,7 +3,10 @@
 -- per request here), and the same constraints written as OR chains need none. SQLite
 -- cannot alter a constraint, so the table is rebuilt: its rows copied in this one
 -- transaction, then its indexes made again (the report's partial indexes are made
--- again by the next gateway start-up, reports/indexes.py).
+-- again by the next gateway start-up, reports/indexes.py). The provider request id's
+-- index now leaves out the rows that have none (every reserved row, every denial):
+-- the insert no longer writes an entry that its settlement deletes, and the lookup
+-- by id (provider_request_id = ?) still uses it.
 CREATE TABLE ledger_events_v7 (
     timestamp TEXT NOT NULL,
     request_id TEXT NOT NULL,
@@ -70,6 +73,7 @@ DROP TABLE ledger_events;
 ALTER TABLE ledger_events_v7 RENAME TO ledger_events;
 CREATE INDEX ledger_events_timestamp ON ledger_events (timestamp);
 CREATE INDEX ledger_events_state ON ledger_events (state);
-CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id);
+CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
+    WHERE provider_request_id IS NOT NULL;
 CREATE INDEX ledger_events_unsettled_instance ON ledger_events (gateway_instance)
     WHERE state = 'reserved'
