@@ -320,3 +320,28 @@ async def test_sqlite_revision_6_is_rebuilt_with_rows_and_indexes_intact(tmp_pat
     finally:
         conn.close()
     assert "USING INDEX ledger_events_provider_request_id" in plan[-1][-1]
+
+
+@pytest.mark.postgresql
+async def test_postgres_revision_7_indexes_only_rows_with_a_provider_id() -> None:
+    async with pg_schema() as url:
+        store = PostgresLedgerStore(url)
+        try:
+            await store.append(FULL_EVENT)
+            await store.append(event("req-2", state="reserved"))  # no provider id yet
+            [row] = await store.pool.fetch(
+                "SELECT indexdef FROM pg_indexes"
+                " WHERE indexname = 'ledger_events_provider_request_id'"
+                " AND schemaname = current_schema()"
+            )
+            assert row[0].endswith("WHERE (provider_request_id IS NOT NULL)"), row[0]
+            pool = await store.pool.get()
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute("SET LOCAL enable_seqscan = off")
+                plan = await conn.fetch(
+                    "EXPLAIN SELECT * FROM ledger_events WHERE provider_request_id = ANY($1)",
+                    [FULL_EVENT.provider_request_id],
+                )
+            assert any("ledger_events_provider_request_id" in r[0] for r in plan), plan
+        finally:
+            await store.close()

@@ -1,5 +1,9 @@
--- Revision 7 rebuilt SQLite's ledger table with CHECK constraints written without IN
--- lists, which SQLite evaluates through an ephemeral b-tree per statement. PostgreSQL
--- evaluates them as = ANY(ARRAY[...]) with no such cost: nothing changes here, and the
--- revision keeps both dialects numbered alike.
-SELECT 1
+-- Revision 7 (issue 8, session 5). SQLite's rebuilt its ledger table with CHECK
+-- constraints written without IN lists, which SQLite evaluates through an ephemeral
+-- b-tree per statement; PostgreSQL evaluates them as = ANY(ARRAY[...]) at no such cost,
+-- so its constraints stay. Both dialects now index the provider request id only on the
+-- rows that have one: a reserved row has none yet, so its insert wrote an entry that
+-- its settlement then replaced. The lookup by id (= ANY($1)) still uses the index.
+DROP INDEX ledger_events_provider_request_id;
+CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
+    WHERE provider_request_id IS NOT NULL
