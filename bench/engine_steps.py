@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine_bench import messages
+from engine_bench import SEED, SEED_HELP, messages
 
 import ncap.engine.scheduler as scheduler_module
 from ncap.engine import Engine, EngineSettings, GenerationParams
@@ -93,6 +93,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--spin", default=None, help="GOMP_SPINCOUNT for ggml's OpenMP threads")
     ap.add_argument("--only-n", action="store_true", help="skip the n=1 requests (profiling)")
+    ap.add_argument("--seed", type=int, default=SEED, help=SEED_HELP)
     args = ap.parse_args()
 
     overrides: dict[str, Any] = {}
@@ -134,7 +135,7 @@ async def main() -> None:
                 timings.step_draws.clear()
                 timings.starts.clear()
                 w, c = time.perf_counter(), time.process_time()
-                done = await engine.run(params(n, 1))
+                done = await engine.run(params(n, args.seed))
                 wall, cpu = time.perf_counter() - w, time.process_time() - c
                 lib.flush()
                 r = results[label]

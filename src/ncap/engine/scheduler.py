@@ -40,7 +40,7 @@ from ncap.engine.events import ChoiceDelta, Event, RequestDone, RequestFailed, T
 from ncap.engine.model import ContextSettings, LlamaModel
 from ncap.engine.params import GenerationParams
 from ncap.engine.prefix_cache import PrefixCache, common_prefix
-from ncap.engine.sampling import LogitsRow, SamplerChain, logits_row, token_info
+from ncap.engine.sampling import LogitsRow, Sampler, build_sampler, logits_row, token_info
 from ncap.engine.text import ChoiceText
 from ncap.engine.tools import ToolChoiceText
 from ncap.errors import NcapError, Overloaded
@@ -106,7 +106,7 @@ class EngineStats:
 class _Sequence:
     index: int
     seq_id: int
-    sampler: SamplerChain
+    sampler: Sampler
     text: ChoiceText
     pos: int = 0
     n_tokens: int = 0
@@ -328,7 +328,7 @@ class Scheduler:
         p, model = job.prepared, self._model
         try:
             for i, seed in enumerate(p.seeds):
-                sampler = SamplerChain.build(
+                sampler = build_sampler(
                     self._lib, model.vocab, model.n_vocab, p.params, seed=seed, grammar=p.grammar
                 )
                 seq_id = self._free_ids.popleft()
