@@ -68,6 +68,7 @@ TARGETS = (
     "ncap-sqlite",
     "ncap-shared",
     "ncap-shared-2w",
+    "ncap-host-2w",
     "portkey",
     "litellm",
 )
@@ -79,8 +80,9 @@ NCAP_STORES = {
     "ncap-sqlite": "sqlite",
     "ncap-shared": "shared",
     "ncap-shared-2w": "shared",
+    "ncap-host-2w": "host",
 }
-NCAP_WORKERS = {"ncap-shared-2w": 2}
+NCAP_WORKERS = {"ncap-shared-2w": 2, "ncap-host-2w": 2}
 BENCH_POSTGRES = os.environ.get("NCAP_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 BENCH_REDIS = os.environ.get("NCAP_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 DEFAULT_TARGETS = (
@@ -231,6 +233,8 @@ def ncap_config_text(
     elif stores == "sqlite":
         ledger += "?synchronous=full"
         budgets = f"sqlite:///{work}/budgets.db?synchronous=full"
+    elif stores == "host":
+        budgets = f"sqlite:///{work}/budgets.db"
     return NCAP_CONFIG.format(upstream_port=upstream_port, ledger=ledger, budgets=budgets)
 
 

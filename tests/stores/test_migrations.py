@@ -345,3 +345,32 @@ async def test_postgres_revision_7_indexes_only_rows_with_a_provider_id() -> Non
             assert any("ledger_events_provider_request_id" in r[0] for r in plan), plan
         finally:
             await store.close()
+
+
+async def test_ncap_migrate_remakes_the_report_indexes_revision_7_drops(tmp_path: Path) -> None:
+    """Revision 7 rebuilds the table, which drops the report's partial indexes with it;
+    ``ncap migrate`` makes them again, so an audit run before the next gateway start-up
+    reads them instead of scanning."""
+    from ncap.reports.indexes import EXCEPTION_INDEX, PER_CHOICE_INDEX, ensure_report_indexes
+
+    path = tmp_path / "l.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert sqlite_migrate(conn, lite.MIGRATIONS[:6]) == 6
+    finally:
+        conn.close()
+    ensure_report_indexes(path)  # as a gateway at revision 6 made them
+    assert {EXCEPTION_INDEX, PER_CHOICE_INDEX} <= _indexes(path)
+    result = await _ncap_migrate(_config(tmp_path, path))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 7}
+    assert {EXCEPTION_INDEX, PER_CHOICE_INDEX} <= _indexes(path)
+
+
+def _indexes(path: Path) -> set[str]:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'").fetchall()
+    finally:
+        conn.close()
+    return {name for (name,) in rows}

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
@@ -146,7 +148,15 @@ async def _migrate(url: str, store: str) -> dict[str, object]:
     if scheme == "sqlite":
         opened = ledger_from_url(url) if store == "ledger" else budgets_from_url(url)
         await opened.close()
-        return {"backend": "sqlite", "version": sqlite_version(sqlite_target(url)[0])}
+        path = sqlite_target(url)[0]
+        if store == "ledger":
+            # a revision that rebuilds the table (7) drops the report's partial indexes
+            # with it; made here too, so `ncap audit` run before the next start-up of a
+            # gateway reads them instead of scanning
+            from ncap.reports.indexes import ensure_report_indexes
+
+            await asyncio.to_thread(ensure_report_indexes, path)
+        return {"backend": "sqlite", "version": sqlite_version(path)}
     if scheme in ("redis", "rediss"):
         return {"backend": "redis", "version": SCRIPT_VERSION}
     return {"backend": scheme, "version": None}
