@@ -222,14 +222,16 @@ async def test_a_revoke_after_a_revoke_keeps_the_first_instant(tmp_path: Path) -
     await store.record(_create(GRANT), AT)
     await store.record(AdminChange("bob", "revoke", "exception", "eval"), AT + timedelta(hours=1))
     await store.record(AdminChange("bob", "revoke", "exception", "cfg"), AT + timedelta(hours=2))
+    # replicas that had not yet read the first revoke revoke again, later
     await store.record(AdminChange("bob", "revoke", "exception", "cfg"), AT + timedelta(hours=3))
+    await store.record(AdminChange("bob", "revoke", "exception", "eval"), AT + timedelta(hours=4))
     await store.close()
     with sqlite3.connect(tmp_path / "l.db") as conn:
         rows = conn.execute(
             "SELECT id, body IS NULL, created_at, revoked_at FROM admin_grants ORDER BY id"
         ).fetchall()
     assert rows == [
-        ("cfg", 1, "2026-12-01T11:30:15.250000Z", "2026-12-01T12:30:15.250000Z"),
+        ("cfg", 1, "2026-12-01T11:30:15.250000Z", "2026-12-01T11:30:15.250000Z"),
         ("eval", 0, "2026-12-01T09:30:15.250000Z", "2026-12-01T10:30:15.250000Z"),
     ]
 
@@ -302,10 +304,11 @@ async def test_postgres_marks_only_the_alert_named_and_revokes_keep_sqlites_inst
             await store.claim_alert(alert)
         await store.mark_delivered(_alert())
         await store.record(_create(GRANT), AT)
-        later = [AT + timedelta(hours=h) for h in (1, 2, 3)]
+        later = [AT + timedelta(hours=h) for h in (1, 2, 3, 4)]
         await store.record(AdminChange("bob", "revoke", "exception", "eval"), later[0])
         await store.record(AdminChange("bob", "revoke", "exception", "cfg"), later[1])
         await store.record(AdminChange("bob", "revoke", "exception", "cfg"), later[2])
+        await store.record(AdminChange("bob", "revoke", "exception", "eval"), later[3])
         delivered = await store.pool.fetch(
             "SELECT subject, scope, period, threshold_pct FROM budget_alerts WHERE delivered = 1"
         )
@@ -316,7 +319,7 @@ async def test_postgres_marks_only_the_alert_named_and_revokes_keep_sqlites_inst
         await store.close()
     assert [tuple(r) for r in delivered] == [("w", "day", "2026-12-01", 80)]
     assert [tuple(r) for r in grants] == [  # as test_a_revoke_after_a_revoke_… on SQLite
-        ("cfg", True, later[1], later[2]),
+        ("cfg", True, later[1], later[1]),
         ("eval", False, AT, later[0]),
     ]
 
@@ -410,3 +413,31 @@ async def test_the_report_reads_the_alerts_and_exceptions_of_a_postgresql_ledger
     assert [(a.code, a.severity) for a in alerts] == [("budget_day_100", "critical")]
     assert "(webhook not delivered)" in alerts[0].message
     assert exceptions == [GRANT]
+
+
+async def test_a_locked_sqlite_file_is_store_unavailable_naming_the_admin_store(
+    tmp_path: Path,
+) -> None:
+    """Once open, a failure (here a write meeting another process's write lock past the
+    busy timeout; WAL readers are not blocked) is a 503 ``store_unavailable``, as on
+    PostgreSQL, not a configuration error; the store works again once the lock is gone."""
+    store = SQLiteAdminStore(tmp_path / "l.db")
+    await store.changes()
+    store._connection().execute("PRAGMA busy_timeout = 50")  # not 10 s in a test
+    other = sqlite3.connect(tmp_path / "l.db", isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        for call in (store.record(_create(GRANT), AT), store.claim_alert(_alert())):
+            with pytest.raises(StoreUnavailable) as refused:
+                await call
+            assert (refused.value.store, refused.value.backend, refused.value.status) == (
+                "admin",
+                "SQLite",
+                503,
+            )
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    await store.record(_create(GRANT), AT)
+    assert [g.id for g in (await store.changes()).exceptions] == [GRANT.id]
+    await store.close()

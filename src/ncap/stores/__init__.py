@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path

@@ -30,7 +30,7 @@ import asyncpg
 
 from ncap.config import ExceptionGrant, KeyEntry
 from ncap.domain.grants import GrantChanges
-from ncap.errors import ConfigError
+from ncap.errors import ConfigError, StoreUnavailable
 from ncap.stores._postgres import PostgresPool, mapped
 from ncap.stores.admin_schema import SQLITE_DDL
 
@@ -187,12 +187,21 @@ class SQLiteAdminStore:
         return self._conn
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work`` on the connection, in a thread. A file that cannot be opened as the
+        admin tables is a configuration problem (naming the file); a failure once open
+        (the file locked past the busy timeout, a disk error) is the store being
+        unavailable, a 503 as on PostgreSQL."""
+
         def locked() -> T:
             with self._lock:
                 try:
-                    return work(self._connection())
+                    conn = self._connection()
                 except sqlite3.Error as exc:
                     raise ConfigError(f"admin tables in {self.path}: {exc}") from exc
+                try:
+                    return work(conn)
+                except sqlite3.Error as exc:
+                    raise StoreUnavailable("admin", "SQLite", type(exc).__name__) from exc
 
         return await asyncio.to_thread(locked)
 
@@ -392,11 +401,10 @@ async def _write_pg_grant(
         change.kind,
         change.target,
     )
-    if status == "UPDATE 0":  # an entry the config defines: a tombstone
+    if status == "UPDATE 0":  # a tombstone, or revoked already: the first instant stays
         await conn.execute(
             "INSERT INTO admin_grants (kind, id, body, created_at, revoked_at)"
-            " VALUES ($1, $2, NULL, $3, $3) ON CONFLICT (kind, id) DO UPDATE SET revoked_at ="
-            " excluded.revoked_at",
+            " VALUES ($1, $2, NULL, $3, $3) ON CONFLICT (kind, id) DO NOTHING",
             change.kind,
             change.target,
             at,
@@ -417,11 +425,12 @@ def _write_grant(conn: sqlite3.Connection, change: AdminChange, detail: str, sta
         "UPDATE admin_grants SET revoked_at = ? WHERE kind = ? AND id = ? AND revoked_at IS NULL",
         (stamp, change.kind, change.target),
     )
-    if cur.rowcount == 0:  # an entry the config defines: a tombstone
+    if cur.rowcount == 0:  # an entry the config defines (a tombstone), or one revoked
+        # already, by a replica whose revoke this one had not yet read: the first instant
+        # is the revocation's, so a second revoke never moves it
         conn.execute(
             "INSERT INTO admin_grants (kind, id, body, created_at, revoked_at)"
-            " VALUES (?, ?, NULL, ?, ?) ON CONFLICT (kind, id) DO UPDATE SET revoked_at ="
-            " excluded.revoked_at",
+            " VALUES (?, ?, NULL, ?, ?) ON CONFLICT (kind, id) DO NOTHING",
             (change.kind, change.target, stamp, stamp),
         )
 
