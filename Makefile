@@ -62,7 +62,7 @@ bench-stack: setup
 	$(BIN)/python bench/stack_choice.py --rounds 3 --duration 4
 
 bench-engine: setup
-	$(BIN)/python bench/engine_bench.py --repeat 2
+	$(BIN)/python bench/engine_bench.py --repeat 3
 
 # issue 15: the long fuzz pass (x10 the CI case counts: about 100,000 cases)
 FUZZ_SCALE ?= 10
