@@ -97,8 +97,8 @@ async def _once(engine: Engine, name: str, work: Callable[[], Awaitable[list[Com
 async def engine_rows(
     engine: Engine, msgs: list[dict[str, str]], tokens: int, repeat: int, seed: int
 ) -> list[Row]:
-    def params(n: int, seed: int) -> GenerationParams:
-        return GenerationParams(messages=tuple(msgs), n=n, max_tokens=tokens, seed=seed)
+    def params(n: int, base: int) -> GenerationParams:
+        return GenerationParams(messages=tuple(msgs), n=n, max_tokens=tokens, seed=base)
 
     async def one(n: int) -> list[Completion]:
         return [await engine.run(params(n, seed))]
@@ -126,8 +126,8 @@ async def cache_row(
         Engine.load, replace(settings, prefix_cache_tokens=settings.n_ctx)
     )
 
-    def params(seed: int) -> GenerationParams:
-        return GenerationParams(messages=tuple(msgs), n=1, max_tokens=tokens, seed=seed)
+    def params(base: int) -> GenerationParams:
+        return GenerationParams(messages=tuple(msgs), n=1, max_tokens=tokens, seed=base)
 
     async def sequential() -> list[Completion]:
         engine.reset_prefix_cache()  # every run starts cold: the first request pays
