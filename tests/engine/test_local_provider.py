@@ -47,10 +47,11 @@ async def test_complete_returns_a_chat_completion_and_its_summary(provider: Loca
     stream_body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
     async with provider.stream(stream_body, timeout=60) as (request_id, events):
         seen = [e async for e in events]
-    assert seen[-1].raw == b"data: [DONE]\n\n" and seen[-1].summary is None
+    assert seen[-1].raw == b"data: [DONE]\n\n" and seen[-1].summaries == [] and seen[-1].done
     assert all(e.raw.startswith(b"data: ") for e in seen)
-    assert seen[-2].summary is not None and seen[-2].summary.usage is not None
-    assert seen[-2].summary.usage.completion_tokens == body["usage"]["completion_tokens"]
+    usage = seen[-2].summaries[0].usage
+    assert usage is not None
+    assert usage.completion_tokens == body["usage"]["completion_tokens"]
     text: dict[int, str] = {}
     for event in seen[:-2]:
         (choice,) = json.loads(event.raw[6:])["choices"]

@@ -18,7 +18,7 @@ import pytest
 
 from ncap.errors import Overloaded, UpstreamError
 from ncap.providers.base import AttemptFailed
-from ncap.streaming.sse import StreamEvent, iter_events
+from ncap.streaming.sse import StreamPiece, iter_pieces
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
 from tests.lifecycle.harness import CALLER, EMULATE, Harness, drain, events, harness, route
 
@@ -271,14 +271,14 @@ class Stalling(ScriptedProvider):
     @asynccontextmanager
     async def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: Any = "chat"
-    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         self.sent.append(body)
 
-        async def events() -> AsyncIterator[StreamEvent]:
-            async for event in iter_events(_one(sse(chunk(0, "x"), done=False))):
-                yield event
+        async def events() -> AsyncIterator[StreamPiece]:
+            async for piece in iter_pieces(_one(sse(chunk(0, "x"), done=False))):
+                yield piece
             await asyncio.Event().wait()  # never set: the pump is cancelled
-            yield StreamEvent(b"", None)  # pragma: no cover
+            yield StreamPiece(b"", [])  # pragma: no cover
 
         yield f"stall-{len(self.sent)}", events()
 

@@ -32,7 +32,7 @@ from ncap.protocol.responses import Usage
 from ncap.protocol.validate import parse_chat_request
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryBudgetStore
-from ncap.streaming.sse import StreamEvent, iter_events
+from ncap.streaming.sse import StreamPiece, iter_pieces
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
 from tests.lifecycle.harness import CALLER, EMULATE, Harness, drain, harness, route
 
@@ -287,10 +287,10 @@ class Engine(ScriptedProvider):
     @asynccontextmanager
     async def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: Any = "chat"
-    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         self.sent.append(body)
 
-        async def events() -> AsyncIterator[StreamEvent]:
+        async def events() -> AsyncIterator[StreamPiece]:
             async def lines() -> AsyncIterator[bytes]:
                 text = sse(
                     chunk(0, "a", finish="stop"),
@@ -300,12 +300,12 @@ class Engine(ScriptedProvider):
                 for line in text.splitlines(keepends=True):
                     yield line
 
-            async for event in iter_events(lines()):
-                if event.summary is not None and event.summary.usage is not None:
-                    event = StreamEvent(
-                        event.raw, event.summary, data=event.data, choice_tokens=(2, 3)
+            async for piece in iter_pieces(lines()):
+                if any(summary.usage is not None for summary in piece.summaries):
+                    piece = StreamPiece(
+                        piece.raw, piece.summaries, piece.done, choice_tokens=(2, 3)
                     )
-                yield event
+                yield piece
 
         yield "engine-1", events()
 

@@ -231,11 +231,14 @@ LONG = b'data: {"id":"' + b"x" * 300_000 + b'","choices":[]}\n\n'
 async def test_a_long_event_line_streams_through(
     upstream: Upstream, provider: OpenAIProvider
 ) -> None:
-    """300 KB on one line (over aiohttp's 128 KiB line limit) arrives as one event."""
+    """300 KB on one line (over aiohttp's 128 KiB line limit) arrives as one event (in
+    the piece of the read that completed it, with the ``[DONE]`` read with it)."""
     upstream.handler = _sse(LONG + sse.DONE, chunk=16_384)
     async with provider.stream({"model": "m", "stream": True}, timeout=5) as (rid, events):
-        raws = [e.raw async for e in events]
-    assert (rid, raws) == (RID, [LONG, sse.DONE])
+        pieces = [piece async for piece in events]
+    assert (rid, b"".join(p.raw for p in pieces)) == (RID, LONG + sse.DONE)
+    assert pieces[0].raw.startswith(LONG) and pieces[-1].done
+    assert [s.id for p in pieces for s in p.summaries] == ["x" * 300_000]
 
 
 async def test_a_line_over_the_bound_is_a_protocol_failure(

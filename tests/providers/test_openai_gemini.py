@@ -33,7 +33,7 @@ from ncap.providers.openai_gemini import (
     to_gemini_request,
     translate_error,
 )
-from ncap.streaming.sse import iter_events
+from ncap.streaming.sse import StreamPiece, iter_pieces
 from ncap.streaming.sse_data import iter_data
 
 USER = {"role": "user", "content": "Hi"}
@@ -1052,20 +1052,24 @@ async def test_events_and_end_are_relayable_openai_sse() -> None:
             yield line
 
     stream = GeminiStream(completion_id="chatcmpl-s", created=9, model="alias")
-    events = [e async for data in iter_data(lines()) for e in stream.events(data)]
-    events += stream.end()
-    assert events[-1].done and events[-1].raw == b"data: [DONE]\n\n"
+    pieces: list[StreamPiece | None] = [stream.events(data) async for data in iter_data(lines())]
+    pieces.append(stream.end())
+    relayable = [p for p in pieces if p is not None]
+    last = relayable[-1]
+    assert last.done and last.raw.endswith(b"data: [DONE]\n\n")
 
     async def relayed() -> AsyncIterator[bytes]:
-        for event in events:
-            for line in event.raw.splitlines(keepends=True):
+        for piece in relayable:
+            for line in piece.raw.splitlines(keepends=True):
                 yield line
 
-    reparsed = [e async for e in iter_events(relayed())]  # the gateway's own SSE reader
-    assert [e.summary for e in reparsed] == [e.summary for e in events]
-    usage = events[-2].summary
-    assert usage is not None and usage.usage is not None and usage.usage.completion_tokens == 14
-    finishes = [(c.index, c.finish_reason) for e in events if e.summary for c in e.summary.choices]
+    reparsed = [p async for p in iter_pieces(relayed())]  # the gateway's own SSE reader
+    summaries = [s for p in relayable for s in p.summaries]
+    assert [s for p in reparsed for s in p.summaries] == summaries
+    assert b"".join(p.raw for p in reparsed) == b"".join(p.raw for p in relayable)
+    usage = summaries[-1]
+    assert usage.usage is not None and usage.usage.completion_tokens == 14
+    finishes = [(c.index, c.finish_reason) for s in summaries for c in s.choices]
     assert (0, "stop") in finishes and (1, "length") in finishes
 
 
@@ -1086,4 +1090,4 @@ def test_a_cut_stream_reports_no_usage_and_no_done() -> None:
     for data in first:
         stream.events(data)
     assert stream.usage is not None  # Gemini did report running usage
-    assert (stream.complete, stream.close(), stream.end()) == (False, [], [])
+    assert (stream.complete, stream.close(), stream.end()) == (False, [], None)

@@ -115,7 +115,9 @@ class RecordedTransport:
 
 
 def openai_provider(transport: RecordedTransport) -> OpenAIProvider:
-    provider = OpenAIProvider(_route(provider="openai", base_url="http://rec.invalid/v1"), route_id="r")
+    provider = OpenAIProvider(
+        _route(provider="openai", base_url="http://rec.invalid/v1"), route_id="r"
+    )
     provider._transports = {"chat": transport, "completions": transport}  # type: ignore[dict-item]
     return provider
 
@@ -183,15 +185,20 @@ def gateway(tmp: Path, provider: Any, *, emulate: bool = False, gemini: bool = F
 
 
 async def play(
-    h: Harness, body: dict[str, Any], *, kind: RequestKind = "chat", conductor: Conductor | None = None
+    h: Harness,
+    body: dict[str, Any],
+    *,
+    kind: RequestKind = "chat",
+    conductor: Conductor | None = None,
+    request_id: str = "req-1",
 ) -> dict[str, Any]:
     """The client's bytes (joined) and the settlement, as one JSON-able record."""
     raw = _encode({"model": "m", **body})
     conducting = asyncio.ensure_future(conductor.run()) if conductor else None
     if kind == "chat":
-        reply = await h.gateway.chat(raw, CALLER, "req-1")
+        reply = await h.gateway.chat(raw, CALLER, request_id)
     else:
-        reply = await h.gateway.completions(raw, CALLER, "req-1")
+        reply = await h.gateway.completions(raw, CALLER, request_id)
     assert reply.stream is not None
     out = b"".join([chunk async for chunk in reply.stream])
     if conducting is not None:
@@ -208,7 +215,6 @@ async def play(
             "usage_source": r.usage_source,
             "provider_request_id": r.provider_request_id,
         }
-        for r in await h.rows()
+        for r in await h.rows(request_id)
     ]
     return {"out": out.decode(), "rows": rows, "held": len(await h.outstanding())}
-

@@ -33,7 +33,7 @@ from tests.streaming.recorded import (
 GOLDENS = Path(__file__).with_name("relay_goldens.json")
 _enc = msgspec.json.Encoder().encode
 MESSAGES = [{"role": "user", "content": "hi"}]
-WORDS = ["Hello", " there", ",", " how", " are", " you", "? ", "é ✓ \\\" \n end"]
+WORDS = ["Hello", " there", ",", " how", " are", " you", "? ", 'é ✓ \\" \n end']
 
 
 def _chunk(index: int | None, content: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -53,7 +53,11 @@ def _chunk(index: int | None, content: str | None = None, **extra: Any) -> dict[
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def _sse(chunks: Sequence[dict[str, Any]], done: bool = True, eol: bytes = b"\n") -> bytes:
@@ -91,7 +95,9 @@ def _events(text: bytes) -> list[bytes]:
     return [p + b"\n\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def _gemini_event(texts: Sequence[str | None], finish: str | None = None, usage: bool = False) -> bytes:
+def _gemini_event(
+    texts: Sequence[str | None], finish: str | None = None, usage: bool = False
+) -> bytes:
     candidates = []
     for i, text in enumerate(texts):
         if text is None:
@@ -100,9 +106,17 @@ def _gemini_event(texts: Sequence[str | None], finish: str | None = None, usage:
         if finish:
             cand["finishReason"] = finish
         candidates.append(cand)
-    event: dict[str, Any] = {"candidates": candidates, "modelVersion": "gemini-2.5-flash", "responseId": "g-resp-1"}
+    event: dict[str, Any] = {
+        "candidates": candidates,
+        "modelVersion": "gemini-2.5-flash",
+        "responseId": "g-resp-1",
+    }
     if usage:
-        event["usageMetadata"] = {"promptTokenCount": 8, "candidatesTokenCount": 12, "totalTokenCount": 20}
+        event["usageMetadata"] = {
+            "promptTokenCount": 8,
+            "candidatesTokenCount": 12,
+            "totalTokenCount": 20,
+        }
     return b"data: " + _enc(event) + b"\r\n\r\n"
 
 
@@ -115,23 +129,48 @@ def _gemini_stream(n: int, finished: bool = True) -> bytes:
 
 def _engine_chunks(n: int) -> list[dict[str, Any]]:
     def c(choices: list[dict[str, Any]], usage: Any = None) -> dict[str, Any]:
-        chunk = {"id": "chatcmpl-engine", "object": "chat.completion.chunk", "created": 1700000000, "model": "smollm2", "choices": choices}
+        chunk = {
+            "id": "chatcmpl-engine",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": "smollm2",
+            "choices": choices,
+        }
         if usage is not None:
             chunk["usage"] = usage
         return chunk
 
-    chunks = [c([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]) for i in range(n)]
+    chunks = [
+        c([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        for i in range(n)
+    ]
     for word in WORDS[:4]:
-        chunks += [c([{"index": i, "delta": {"content": word}, "finish_reason": None}]) for i in range(n)]
-    chunks += [c([{"index": i, "delta": {}, "finish_reason": "length" if i else "stop"}]) for i in range(n)]
+        chunks += [
+            c([{"index": i, "delta": {"content": word}, "finish_reason": None}]) for i in range(n)
+        ]
+    chunks += [
+        c([{"index": i, "delta": {}, "finish_reason": "length" if i else "stop"}]) for i in range(n)
+    ]
     chunks.append(c([], _usage(6, 4 * n)))
     return chunks
 
 
 def _completion_chunks(n: int) -> list[dict[str, Any]]:
-    def c(i: int | None, text: str = "", finish: str | None = None, usage: Any = None) -> dict[str, Any]:
-        choices = [] if i is None else [{"text": text, "index": i, "logprobs": None, "finish_reason": finish}]
-        chunk = {"id": "cmpl-up", "object": "text_completion", "created": 1700000000, "model": "up-model", "choices": choices}
+    def c(
+        i: int | None, text: str = "", finish: str | None = None, usage: Any = None
+    ) -> dict[str, Any]:
+        choices = (
+            []
+            if i is None
+            else [{"text": text, "index": i, "logprobs": None, "finish_reason": finish}]
+        )
+        chunk = {
+            "id": "cmpl-up",
+            "object": "text_completion",
+            "created": 1700000000,
+            "model": "up-model",
+            "choices": choices,
+        }
         if usage is not None:
             chunk["usage"] = usage
         return chunk
@@ -308,14 +347,23 @@ async def engine_n1_usage_asked(tmp: Path) -> Any:
     return await play(h, body)
 
 
-def _fan_out_recordings(k: int, sizes: Sequence[int]) -> tuple[list[tuple[list[bytes], None]], Conductor]:
+def _fan_out_recordings(
+    k: int, sizes: Sequence[int]
+) -> tuple[list[tuple[list[bytes], None]], Conductor]:
     recordings = []
     for b in range(k):
         chunks = _openai_chunks(1)
         for c in chunks:
             c["id"] = f"chatcmpl-branch{b}"
             for choice in c["choices"]:
-                choice["delta"] = {**choice["delta"], **({"content": choice["delta"]["content"] + f"/b{b}"} if "content" in choice["delta"] else {})}
+                choice["delta"] = {
+                    **choice["delta"],
+                    **(
+                        {"content": choice["delta"]["content"] + f"/b{b}"}
+                        if "content" in choice["delta"]
+                        else {}
+                    ),
+                }
         recordings.append((_pieces(_sse(chunks), sizes), None))
     order = []
     longest = max(len(r) for r, _ in recordings)

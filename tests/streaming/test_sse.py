@@ -17,8 +17,17 @@ from unittest import mock
 import aiohttp
 import pytest
 
+from ncap.protocol.responses import ResponseSummary
 from ncap.streaming import sse
-from ncap.streaming.sse import DONE, MalformedEvent, StreamEvent, encode_event, iter_events
+from ncap.streaming.sse import (
+    DONE,
+    MalformedEvent,
+    StreamPiece,
+    encode_event,
+    event_data,
+    iter_pieces,
+    split_events,
+)
 
 CHUNK = b'{"id":"c1","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
 FINISH = b'{"id":"c1","choices":[{"index":1,"delta":{},"finish_reason":"length"}]}'
@@ -28,6 +37,35 @@ USAGE = b'{"id":"c1","choices":[],"usage":{"prompt_tokens":7,"completion_tokens"
 async def _lines(text: bytes) -> AsyncIterator[bytes]:
     for line in text.splitlines(keepends=True):
         yield line
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event of a piece, with its summary (None for comments and ``[DONE]``)."""
+
+    raw: bytes
+    summary: ResponseSummary | None
+    done: bool
+
+
+def flatten(pieces: list[StreamPiece]) -> list[StreamEvent]:
+    """The pieces' events one by one, each with its own summary."""
+    out = []
+    for piece in pieces:
+        summaries = iter(piece.summaries)
+        for raw in split_events(piece.raw):
+            data = event_data(raw)
+            done = data == b"[DONE]"
+            out.append(StreamEvent(raw, next(summaries) if data and not done else None, done))
+        assert next(summaries, None) is None  # one summary per data event
+        assert piece.done == (bool(out) and out[-1].done)
+    return out
+
+
+async def iter_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[StreamEvent]:
+    async for piece in iter_pieces(chunks):
+        for event in flatten([piece]):
+            yield event
 
 
 async def _parse(text: bytes) -> list[StreamEvent]:

@@ -34,6 +34,7 @@ from ncap.errors import ConfigError, NcapError
 from ncap.lifecycle.failures import client_error
 from ncap.providers import provider_for
 from ncap.providers.base import AttemptFailed, Provider
+from ncap.streaming.sse import event_data, split_events
 
 __all__ = ["print_findings", "probe_route", "record_findings"]
 
@@ -93,9 +94,11 @@ async def _stream(provider: Provider, route: Route, body: Mapping[str, Any]) -> 
     chunks: list[dict[str, Any]] = []
     try:
         async with provider.stream(body, timeout=route.timeout_s) as (_, events):
-            async for event in events:
-                if event.summary is not None and event.data:
-                    chunks.append(json.loads(event.data))
+            async for piece in events:
+                for event in split_events(piece.raw):
+                    data = event_data(event)
+                    if data and data != b"[DONE]":
+                        chunks.append(json.loads(data))
     except (AttemptFailed, NcapError) as exc:
         error = _client_error(exc)
         return StreamReply(error.status, error=error.envelope())

@@ -23,7 +23,6 @@ defaults and OpenAI-shaped errors.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -167,19 +166,44 @@ _TIMEOUT_EVENT = (
 
 async def bounded_stream(stream: AsyncIterator[bytes], max_s: float) -> AsyncIterator[bytes]:
     """The stream's chunks until ``max_s`` has passed, then one error event and the end
-    (the caller closes ``stream``, which cancels the upstream and settles it)."""
-    deadline = time.monotonic() + max_s
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            yield _TIMEOUT_EVENT
-            return
-        try:
-            async with asyncio.timeout(remaining):
+    (the caller closes ``stream``, which cancels the upstream and settles it).
+
+    One timer for the whole stream, not one per chunk (a streamed answer is hundreds of
+    chunks): at the deadline, a wait for the next chunk is cancelled (as a timeout
+    would cancel it); a deadline that passes while the client is being written to ends
+    the stream before the next chunk is awaited."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    state = _Deadline()
+
+    def expire() -> None:
+        state.passed = True
+        if state.waiting and task is not None:
+            state.cancelled = True
+            task.cancel()
+
+    handle = loop.call_at(loop.time() + max_s, expire)
+    try:
+        while not state.passed:
+            state.waiting = True
+            try:
                 chunk = await anext(stream)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            yield _TIMEOUT_EVENT
-            return
-        yield chunk
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not state.cancelled or task is None or task.uncancel() > 0:
+                    raise  # not (only) the deadline's cancellation
+                break
+            finally:
+                state.waiting = False
+            yield chunk
+        yield _TIMEOUT_EVENT
+    finally:
+        handle.cancel()
+
+
+class _Deadline:
+    __slots__ = ("cancelled", "passed", "waiting")
+
+    def __init__(self) -> None:
+        self.passed = self.waiting = self.cancelled = False

@@ -35,7 +35,7 @@ from ncap.providers.base import (
     AttemptFailed,
     Provider,
     RequestKind,
-    StreamEvent,
+    StreamPiece,
     UpstreamResult,
 )
 from ncap.stores.base import BudgetStore, Hold, ImportResult, LedgerStore
@@ -245,13 +245,13 @@ class ObservedProvider:
 
     def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-    ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamPiece]]]:
         return self._stream(body, timeout, kind)
 
     @asynccontextmanager
     async def _stream(
         self, body: Mapping[str, Any], timeout: float, kind: RequestKind
-    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         try:
             async with self.inner.stream(body, timeout=timeout, kind=kind) as opened:
                 self._answered()

@@ -23,7 +23,7 @@ from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
 from ncap.stores.base import Hold
-from ncap.streaming.sse import StreamEvent
+from ncap.streaming.sse import StreamPiece
 
 __all__ = ["Attempts", "StreamOpen", "for_route"]
 
@@ -33,12 +33,13 @@ _MAX_RETRY_AFTER_S = 60.0
 
 @dataclass(slots=True)
 class StreamOpen:
-    """An upstream stream whose first event has arrived (so the attempt succeeded)."""
+    """An upstream stream whose first piece (events of one read) has arrived (so the
+    attempt succeeded)."""
 
     stack: AsyncExitStack
     provider_request_id: str | None
-    events: AsyncIterator[StreamEvent]
-    first: StreamEvent | None
+    events: AsyncIterator[StreamPiece]
+    first: StreamPiece | None
 
 
 class Attempts:

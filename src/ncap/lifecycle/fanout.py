@@ -22,13 +22,13 @@ from ncap.lifecycle.reports import Tally, answered_report, stream_report, summed
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, UpstreamResult
 from ncap.stores.base import Hold
-from ncap.streaming.sse import DONE, StreamEvent, encode_event
+from ncap.streaming.sse import DONE, StreamPiece, encode_event, event_data, split_events
 
 __all__ = ["FanOut"]
 
 _encode = msgspec.json.Encoder().encode
 Branch = tuple[Attempt, StreamOpen]
-Queue = asyncio.Queue[tuple[int, StreamEvent | BaseException | None]]
+Queue = asyncio.Queue[tuple[int, StreamPiece | BaseException | None]]
 
 
 class FanOut:
@@ -133,7 +133,8 @@ def _raised(failure: BaseException) -> BaseException:
 
 
 async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIterator[bytes]:
-    """The branches' chunks as they come, until every branch ended; a failure raises."""
+    """The branches' pieces as they come (one per upstream read), until every branch
+    ended; a failure raises."""
     live = len(tallies)
     while live:
         index, item = await queue.get()
@@ -160,12 +161,12 @@ def _ending(plan: Plan, tallies: Sequence[Tally], cut: str | None) -> list[bytes
 
 
 async def _pump(index: int, branch: StreamOpen, queue: Queue) -> None:
-    """One branch's events into the shared queue; None when it ends, or its failure."""
+    """One branch's pieces into the shared queue; None when it ends, or its failure."""
     try:
-        event = branch.first
-        while event is not None:
-            await queue.put((index, event))
-            event = await anext(branch.events, None)
+        piece = branch.first
+        while piece is not None:
+            queue.put_nowait((index, piece))
+            piece = await anext(branch.events, None)
     except (AttemptFailed, NcapError) as exc:
         await queue.put((index, exc))
         return
@@ -177,22 +178,30 @@ def _id(plan: Plan) -> str:
     return f"{'chatcmpl' if plan.kind == 'chat' else 'cmpl'}-{plan.request_id}"
 
 
-def _rebase(event: StreamEvent, tally: Tally, index: int, merged_id: str) -> bytes | None:
-    """A branch's chunk as the merged stream's: its choice moved to the branch's index;
-    its own usage chunk and ``[DONE]`` kept back (the merged stream ends once)."""
-    if event.summary is None:
-        tally.done = tally.done or event.done or event.raw == DONE
-        return None
-    tally.add(event.summary)
-    if not event.summary.choices:
-        return None
-    chunk = msgspec.json.decode(event.data)
-    tally.model = tally.model or str(chunk.get("model") or "")
-    chunk["id"] = merged_id
-    chunk.pop("usage", None)
-    for choice in chunk.get("choices") or []:
-        choice["index"] = index
-    return encode_event(_encode(chunk))
+def _rebase(piece: StreamPiece, tally: Tally, index: int, merged_id: str) -> bytes:
+    """A branch's piece as the merged stream's: each chunk's choice moved to the branch's
+    index, the merged id; its own usage chunk, ``[DONE]`` and comments kept back (the
+    merged stream ends once, with the usage summed)."""
+    if piece.done:
+        tally.done = True
+    tally.add_all(piece.summaries)
+    if not any(s.choices for s in piece.summaries):
+        return b""
+    out = []
+    for event in split_events(piece.raw):
+        data = event_data(event)
+        if not data or data == b"[DONE]":
+            continue
+        chunk = msgspec.json.decode(data)
+        if not chunk.get("choices"):
+            continue
+        tally.model = tally.model or str(chunk.get("model") or "")
+        chunk["id"] = merged_id
+        chunk.pop("usage", None)
+        for choice in chunk["choices"]:
+            choice["index"] = index
+        out.append(encode_event(_encode(chunk)))
+    return b"".join(out)
 
 
 def _usage_chunk(plan: Plan, model: str, usage: dict[str, int]) -> bytes:

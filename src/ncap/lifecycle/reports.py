@@ -35,6 +35,24 @@ class Tally:
         if summary.usage is not None:
             self.usage = summary.usage
 
+    def add_all(self, summaries: Iterable[ResponseSummary]) -> bool:
+        """``add`` for each of a piece's summaries, inlined (it runs for every chunk of
+        every stream); True when one of them carried usage."""
+        usage_seen = False
+        finish = self.finish
+        for summary in summaries:
+            if self.provider_request_id is None:
+                self.provider_request_id = summary.id
+            for choice in summary.choices:
+                index = choice.index if choice.index is not None else 0
+                reason = choice.finish_reason
+                if reason is not None or index not in finish:
+                    finish[index] = reason
+            if summary.usage is not None:
+                self.usage = summary.usage
+                usage_seen = True
+        return usage_seen
+
 
 def answered_report(result: UpstreamResult) -> AttemptReport:
     summary = result.summary

@@ -16,13 +16,13 @@ from typing import Any, Literal, Protocol
 
 from ncap.errors import NcapError
 from ncap.protocol.responses import ResponseSummary, Usage
-from ncap.streaming.sse import StreamEvent
+from ncap.streaming.sse import StreamPiece
 
 __all__ = [
     "AttemptFailed",
     "Provider",
     "RequestKind",
-    "StreamEvent",
+    "StreamPiece",
     "UpstreamErrorDetail",
     "UpstreamResult",
 ]
@@ -109,7 +109,7 @@ class Provider(Protocol):
 
     def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-    ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamPiece]]]:
         """Open a stream: yields (provider_request_id, events). Leaving the context
         (client disconnect included) cancels the upstream request."""
         ...

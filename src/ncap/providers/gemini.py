@@ -44,7 +44,7 @@ from ncap.providers.openai_gemini import (
     translate_error,
 )
 from ncap.providers.transport import HttpTransport, mapped
-from ncap.streaming.sse import StreamEvent
+from ncap.streaming.sse import StreamPiece
 from ncap.streaming.sse_data import iter_data
 
 __all__ = ["DEFAULT_BASE_URL", "GeminiProvider", "gemini_failure"]
@@ -93,7 +93,7 @@ class GeminiProvider:
     @asynccontextmanager
     async def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         data = self._request(body, kind)
         async with self._transport.open(data, timeout=timeout, url=self._stream_url) as resp:
             payloads = aiter(iter_data(resp.content))
@@ -167,23 +167,25 @@ async def _first(payloads: AsyncIterator[bytes]) -> bytes | None:
 
 async def _events(
     translator: GeminiStream, first: bytes | None, payloads: AsyncIterator[bytes]
-) -> AsyncIterator[StreamEvent]:
-    """Gemini payloads → OpenAI events. A failure before anything was yielded is the
-    attempt's (retryable, unrelayed); after that, a cut of a partly relayed stream."""
+) -> AsyncIterator[StreamPiece]:
+    """Gemini payloads → OpenAI events, one piece per Gemini event. A failure before
+    anything was yielded is the attempt's (retryable, unrelayed); after that, a cut of
+    a partly relayed stream."""
     relayed = False
     data = first
     while data is not None:
         try:
-            events = translator.events(data)
+            piece = translator.events(data)
         except GeminiError as exc:
             raise as_attempt_failed(exc, partial=relayed) from exc
-        for event in events:
+        if piece is not None:
             relayed = True
-            yield event
+            yield piece
         with mapped(partial=relayed):
             data = await anext(payloads, None)
-    for event in translator.end():
-        yield event
+    last = translator.end()
+    if last is not None:
+        yield last
 
 
 def gemini_failure(status: int, headers: Mapping[str, str], payload: bytes) -> AttemptFailed:

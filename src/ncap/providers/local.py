@@ -38,7 +38,7 @@ from ncap.engine import (
 from ncap.protocol.completions import TextCompletion
 from ncap.protocol.responses import ChatCompletion, ChatCompletionChunk, Usage
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
-from ncap.streaming.sse import DONE, StreamEvent, encode_event
+from ncap.streaming.sse import DONE, StreamPiece, encode_event
 
 __all__ = ["LocalProvider"]
 
@@ -108,7 +108,7 @@ class LocalProvider:
     @asynccontextmanager
     async def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         engine = await self.engine()
         model = self._model(body)
         if kind == "completions":
@@ -138,7 +138,7 @@ async def _events(
     stream: RequestStream,
     chunks: AsyncIterator[ChatCompletionChunk | TextCompletion],
     timeout: float,
-) -> AsyncIterator[StreamEvent]:
+) -> AsyncIterator[StreamPiece]:
     """Chunks as SSE events; ``timeout`` bounds every wait for the next one; the usage
     chunk carries each choice's token count (``stream.finished``)."""
     source = aiter(chunks)
@@ -154,8 +154,8 @@ async def _events(
         counts = None
         if isinstance(chunk.usage, Usage) and stream.finished is not None:  # after the end
             counts = stream.finished.choice_tokens
-        yield StreamEvent(encode_event(data), _summary(chunk), data=data, choice_tokens=counts)
-    yield StreamEvent(DONE, None, done=True)
+        yield StreamPiece(encode_event(data), [_summary(chunk)], choice_tokens=counts)
+    yield StreamPiece(DONE, [], done=True)
 
 
 def _summary(chunk: ChatCompletionChunk | TextCompletion) -> Any:

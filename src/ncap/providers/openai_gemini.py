@@ -82,7 +82,7 @@ from ncap.protocol.responses import (
     ToolCallDelta,
     Usage,
 )
-from ncap.streaming.sse import DONE, StreamEvent, encode_event
+from ncap.streaming.sse import DONE, StreamPiece, encode_event
 
 __all__ = [
     "GeminiError",
@@ -672,18 +672,22 @@ class GeminiStream:
             return []
         return [self._chunk([], usage=self.usage)]
 
-    def events(self, data: bytes) -> list[StreamEvent]:
-        """One Gemini event's ``data`` in, the OpenAI SSE events to relay out (raw bytes
-        with their settlement summary): what the adapter yields to the relay."""
-        return [_event(chunk) for chunk in self.feed(decode_stream_event(data))]
+    def events(self, data: bytes) -> StreamPiece | None:
+        """One Gemini event's ``data`` in, the OpenAI SSE events to relay out, as one
+        piece (their bytes together, with each one's settlement summary): what the
+        adapter yields to the relay. None when the event changed no choice."""
+        return _piece(self.feed(decode_stream_event(data)))
 
-    def end(self) -> list[StreamEvent]:
+    def end(self) -> StreamPiece | None:
         """At the upstream's end of stream: the usage event and ``[DONE]`` when the stream
         is complete; nothing when it was cut, so the relay sees a stream that ended
         without usage or ``[DONE]`` (pending settlement, SPEC §6)."""
         if not self.complete:
-            return []
-        return [*map(_event, self.close()), StreamEvent(DONE, None, done=True)]
+            return None
+        last = _piece(self.close())
+        if last is None:
+            return StreamPiece(DONE, [], done=True)
+        return StreamPiece(last.raw + DONE, last.summaries, done=True)
 
     def _candidate(self, index: int, candidate: g.Candidate) -> list[ChatCompletionChunk]:
         state = self.choices.setdefault(index, _ChoiceState())
@@ -747,9 +751,11 @@ class GeminiStream:
         )
 
 
-def _event(chunk: ChatCompletionChunk) -> StreamEvent:
-    data = _encode(chunk)  # kept: the fan-out merge rewrites chunks from their data
-    return StreamEvent(encode_event(data), summarize(chunk), data=data)
+def _piece(chunks: list[ChatCompletionChunk]) -> StreamPiece | None:
+    if not chunks:
+        return None
+    raw = b"".join(encode_event(_encode(chunk)) for chunk in chunks)
+    return StreamPiece(raw, [summarize(chunk) for chunk in chunks])
 
 
 def summarize(obj: ChatCompletion | ChatCompletionChunk) -> ResponseSummary:

@@ -1,8 +1,17 @@
-"""Server-sent events, bytes to events: the upstream side of the streaming relay.
+"""Server-sent events, bytes to pieces: the upstream side of the streaming relay.
 
-Each event's bytes are kept whole (``raw``) so the gateway relays exactly what arrived,
-one event at a time, without re-encoding; the parsed ``ResponseSummary`` carries only
-what settlement needs (indexes, finish reasons, usage).
+The relay works per socket read, not per event. ``EventSplitter`` takes the bytes of
+each read and returns one ``StreamPiece``: every event the read completed, their bytes
+kept whole (``raw``, relayed in one write, as they arrived) and the settlement fields of
+each data event (``summaries``: choice indexes, finish reasons, usage), decoded by the
+narrowest decoder (``ResponseSummary``, which skips everything else). Nothing is held
+back: a read that completes one event gives a piece of one event.
+
+Event ends are normalized as they always were: each line ends with ``\\n`` and an event
+ends with one blank line (``\\n``); blank lines between events are dropped. Bytes already
+in that form (the common case: ``data: {...}\\n\\n``) are relayed as they arrived without
+being split into lines (``_fast``); anything else (``\\r\\n``, comments, multi-line data,
+extra blank lines, a line still arriving past a piece's end) goes line by line.
 """
 
 from __future__ import annotations
@@ -13,30 +22,41 @@ import msgspec
 
 from ncap.protocol.responses import ResponseSummary
 
-__all__ = ["DONE", "MAX_LINE_BYTES", "MalformedEvent", "StreamEvent", "encode_event", "iter_events"]
+__all__ = [
+    "DONE",
+    "MAX_LINE_BYTES",
+    "EventSplitter",
+    "MalformedEvent",
+    "StreamPiece",
+    "encode_event",
+    "event_data",
+    "iter_pieces",
+    "split_events",
+]
 
 DONE = b"data: [DONE]\n\n"
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """An event line longer than this is malformed (a bound on what one upstream event may
 make the gateway buffer; real chunks are a few hundred bytes)."""
-_summary_decoder = msgspec.json.Decoder(ResponseSummary)
+_decode_summary = msgspec.json.Decoder(ResponseSummary).decode
+_DecodeError = msgspec.DecodeError
 
 
 class MalformedEvent(ValueError):
     """An event whose data is not the JSON of a chat.completion.chunk."""
 
 
-class StreamEvent(msgspec.Struct, frozen=True):
-    """One event: ``raw`` is relayed as-is; ``summary`` is None for ``[DONE]`` and for
-    events without data (comments, keep-alives); ``data`` is the event's JSON payload,
-    kept so that whoever rewrites a chunk (the fan-out merge) need not re-split ``raw``."""
+class StreamPiece(msgspec.Struct, gc=False):
+    """Whole events that arrived together. ``raw`` is relayed as-is (one or more events,
+    each ending with its blank line); ``summaries`` holds each data event's settlement
+    fields, in order (comments, keep-alives and ``[DONE]`` have none); ``done``: the
+    piece ends with ``[DONE]`` (nothing after it is relayed). ``choice_tokens`` is set
+    by a provider that knows each choice's output tokens (the local engine), on the
+    piece carrying the usage; it is not part of the bytes relayed."""
 
     raw: bytes
-    summary: ResponseSummary | None
+    summaries: list[ResponseSummary]
     done: bool = False
-    data: bytes = b""
-    # set by a provider that knows each choice's output tokens (the local engine), on
-    # the event carrying the usage; not part of the bytes relayed
     choice_tokens: tuple[int, ...] | None = None
 
 
@@ -44,54 +64,157 @@ def encode_event(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-async def iter_events(chunks: AsyncIterable[bytes]) -> AsyncIterator[StreamEvent]:
-    """Group lines into events (a blank line ends one) and decode each event's data.
-    ``chunks`` are the body's bytes in any pieces (lines, or whatever the socket gave)."""
-    raw: list[bytes] = []
-    data: list[bytes] = []
-    async for line in _split_lines(chunks):
+class EventSplitter:
+    """One stream's reads in, pieces out. After ``feed`` or ``end``, ``failure`` is set
+    when a malformed event (or an over-long line) stopped the stream: the piece returned
+    holds the events before it, and nothing more is parsed."""
+
+    __slots__ = ("_rest", "done", "failure")
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self.done = False
+        self.failure: MalformedEvent | None = None
+
+    def feed(self, chunk: bytes) -> StreamPiece | None:
+        if (
+            not self._rest
+            and chunk[-3:] == b"}\n\n"
+            and chunk.startswith(b"data: {")
+            and chunk.find(b"\n") == len(chunk) - 2
+            and len(chunk) <= MAX_LINE_BYTES
+            and not self.done
+            and self.failure is None
+        ):  # the most common read of all: one whole chunk event, alone
+            try:
+                return StreamPiece(chunk, [_decode_summary(chunk[6:])])
+            except _DecodeError:
+                pass  # reported event by event below
+        if self.done or self.failure is not None:
+            return None
+        buf = self._rest + chunk if self._rest else chunk
+        if len(buf) > MAX_LINE_BYTES or b"\r" in buf or buf[:1] == b"\n":
+            return self._lines(buf, final=False)
+        end = buf.rfind(b"\n\n") + 2
+        if end < 2:
+            self._rest = buf  # no event ends here yet
+            return None
+        self._rest = buf[end:]
+        return self._fast(buf[:end])
+
+    def end(self) -> StreamPiece | None:
+        """The stream's end: an event cut off without its blank line still counts."""
+        if self.done or self.failure is not None or not self._rest:
+            return None
+        rest, self._rest = self._rest, b""
+        return self._lines(rest, final=True)
+
+    def _fast(self, body: bytes) -> StreamPiece | None:
+        """Events already in relayed form, one ``data:`` line each (the common case):
+        decoded without splitting lines. Anything else, and data that does not decode
+        (``[DONE]``, a malformed event), goes event by event."""
+        count = body.count(b"\n\n")
+        if body.startswith(b"data: ") and body.count(b"\n") == 2 * count:
+            try:
+                if count == 1:
+                    return StreamPiece(body, [_decode_summary(body[6:])])
+                if body.count(b"\n\ndata: ") == count - 1:
+                    datas = body[6:-2].split(b"\n\ndata: ")
+                    return StreamPiece(body, [_decode_summary(d) for d in datas])
+            except _DecodeError:
+                pass
+        if b"\n\n\n" in body:
+            return self._lines(body + self._rest, final=False)
+        return self._piece([e + b"\n\n" for e in body[:-2].split(b"\n\n")])
+
+    def _lines(self, buf: bytes, *, final: bool) -> StreamPiece | None:
+        """Line by line: each line ends with ``\\n`` (one without it gets one), a line
+        blank but for ``\\r`` ends an event, blank lines between events are dropped."""
+        events: list[bytes] = []
+        lines: list[bytes] = []
+        start = pos = 0
+        size = len(buf)
+        while pos < size:
+            nl = buf.find(b"\n", pos)
+            if nl < 0 and not final:
+                break
+            stop = size if nl < 0 else nl + 1
+            if stop - pos - (nl >= 0) > MAX_LINE_BYTES:
+                self.failure = MalformedEvent(f"an event line over {MAX_LINE_BYTES} bytes")
+                return self._piece(events)
+            line = buf[pos:stop]
+            if line.rstrip(b"\r\n"):
+                if not lines:
+                    start = pos
+                lines.append(line if nl >= 0 else line + b"\n")
+            elif lines:
+                events.append(b"".join(lines) + b"\n")
+                lines = []
+            pos = stop
+        if final and lines:
+            events.append(b"".join(lines) + b"\n")
+            lines = []
+        self._rest = buf[start:] if lines else buf[pos:]
+        if size - pos > MAX_LINE_BYTES:  # a line still arriving is bounded too
+            self.failure = MalformedEvent(f"an event line over {MAX_LINE_BYTES} bytes")
+        return self._piece(events)
+
+    def _piece(self, events: list[bytes]) -> StreamPiece | None:
+        """Events one by one: a comment or keep-alive is relayed without a summary,
+        ``[DONE]`` ends the stream, data that is not a chunk stops it (``failure``)."""
+        summaries: list[ResponseSummary] = []
+        kept = 0
+        for event in events:
+            data = event_data(event)
+            if data == b"[DONE]":
+                kept += 1
+                self.done = True
+                break
+            if data:
+                try:
+                    summaries.append(_decode_summary(data))
+                except _DecodeError as exc:
+                    self.failure = MalformedEvent(str(exc))
+                    break
+            kept += 1
+        if not kept:
+            return None
+        return StreamPiece(b"".join(events[:kept]), summaries, done=self.done)
+
+
+def event_data(event: bytes) -> bytes:
+    """An event's data: its ``data:`` lines (without the field name and the spaces
+    after it), joined by newlines; empty for a comment or keep-alive."""
+    if event.startswith(b"data:") and event.count(b"\n") == 2 and event.endswith(b"\n\n"):
+        return event[5:].rstrip(b"\r\n").lstrip(b" ")
+    data = []
+    for line in event.split(b"\n"):
         stripped = line.rstrip(b"\r\n")
-        if stripped:
-            raw.append(line)
-            if stripped.startswith(b"data:"):
-                data.append(stripped[5:].lstrip(b" "))
-            continue
-        if raw:
-            yield _event(raw, data)
-            raw, data = [], []
-    if raw:
-        yield _event(raw, data)
+        if stripped.startswith(b"data:"):
+            data.append(stripped[5:].lstrip(b" "))
+    return b"\n".join(data)
 
 
-async def _split_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """Lines, each with its ``\n``, however the bytes were cut; the last may lack it."""
-    buf = bytearray()
+def split_events(raw: bytes) -> list[bytes]:
+    """A piece's ``raw`` back into its events (each with its blank line)."""
+    return [e + b"\n\n" for e in raw[:-2].split(b"\n\n")] if raw else []
+
+
+async def iter_pieces(chunks: AsyncIterable[bytes]) -> AsyncIterator[StreamPiece]:
+    """The pieces of a body read in any pieces (lines, or whatever the socket gave);
+    a malformed event raises ``MalformedEvent`` after the events before it; nothing
+    after ``[DONE]`` is read."""
+    splitter = EventSplitter()
     async for chunk in chunks:
-        scanned = len(buf)  # the kept tail holds no newline: search only the new bytes
-        buf += chunk
-        start = 0
-        while (end := buf.find(b"\n", scanned)) >= 0:
-            _bounded(end - start)
-            yield bytes(buf[start : end + 1])
-            start = scanned = end + 1
-        del buf[:start]
-        _bounded(len(buf))  # a line still arriving is bounded too
-    if buf:
-        yield bytes(buf)
-
-
-def _bounded(line_bytes: int) -> None:
-    if line_bytes > MAX_LINE_BYTES:
-        raise MalformedEvent(f"an event line over {MAX_LINE_BYTES} bytes")
-
-
-def _event(raw: list[bytes], data: list[bytes]) -> StreamEvent:
-    payload = b"\n".join(data)
-    body = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in raw) + b"\n"
-    if not payload or payload == b"[DONE]":
-        return StreamEvent(body, None, done=bool(payload))
-    try:
-        summary = _summary_decoder.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise MalformedEvent(str(exc)) from exc
-    return StreamEvent(body, summary, data=payload)
+        piece = splitter.feed(chunk)
+        if piece is not None:
+            yield piece
+        if splitter.failure is not None:
+            raise splitter.failure
+        if splitter.done:
+            return
+    piece = splitter.end()
+    if piece is not None:
+        yield piece
+    if splitter.failure is not None:
+        raise splitter.failure

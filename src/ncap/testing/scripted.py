@@ -19,7 +19,7 @@ import msgspec
 from ncap.errors import NcapError
 from ncap.protocol.responses import ResponseSummary
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
-from ncap.streaming.sse import StreamEvent, iter_events
+from ncap.streaming.sse import StreamPiece, iter_pieces
 
 __all__ = ["Answer", "Fail", "ScriptedProvider", "Stream", "chat_body", "chunk", "sse"]
 
@@ -90,7 +90,7 @@ class ScriptedProvider:
     @asynccontextmanager
     async def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
+    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         self.kinds.append(kind)
         step = self._next(body)
         if isinstance(step, Fail):
@@ -103,9 +103,9 @@ class ScriptedProvider:
         self.closed = True
 
 
-async def _events(step: Stream) -> AsyncIterator[StreamEvent]:
-    async for event in iter_events(_lines(step.text)):
-        yield event
+async def _events(step: Stream) -> AsyncIterator[StreamPiece]:
+    async for piece in iter_pieces(_lines(step.text)):
+        yield piece
     if step.then is not None:
         raise step.then
 

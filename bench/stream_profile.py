@@ -1,0 +1,209 @@
+"""Where a streamed chunk's CPU goes in ``ncap serve``: the relay profiled by cause.
+
+Each case serves the same config (the shipped default stores unless ``--stores
+memory``) with ONE concern of the streaming path switched off by monkeypatching it in
+the served process (never in the product code), and measures the gateway process's
+CPU per relayed chunk (its own /proc counters) under the stream benchmark's load; the
+bare pass-through is measured in the same run, for the ratio. The difference between
+``full`` and a case is what that concern costs:
+
+  full          nothing switched off
+  no-decode     the settlement decode (each data event's ``ResponseSummary``) skipped
+  no-tally      the settlement tally (indexes, finish reasons, usage) skipped
+  no-watchdog   the client-write watchdog and the stream duration bound bypassed
+  no-split      the upstream reads relayed without any event splitting or decoding
+                (what is left: aiohttp both sides, the lifecycle's generators, the
+                settlement at the end; the stream is then not settled to its usage)
+
+``--cprofile`` also runs ``full`` under cProfile and prints the top functions by own
+time (``--top``). ``--ncap-src`` serves other sources (e.g. an older checkout): only
+``full`` and ``--cprofile`` apply to sources whose internals differ.
+
+    .venv/bin/python bench/stream_profile.py [--cases full,no-decode,...]
+        [--scenario n4x250] [--requests 150] [--cprofile] [--ncap-src DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pstats
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import benchlib as bl
+import stream_bench as sb
+
+CASES = ("full", "no-decode", "no-tally", "no-watchdog", "no-split")
+
+
+def switch_off(case: str) -> None:
+    """Monkeypatch one concern out of the served process (see the module docstring)."""
+    from ncap.protocol.responses import ResponseSummary
+    from ncap.streaming import sse
+
+    if case == "no-decode":
+        blank, decode = ResponseSummary(), sse._decode_summary
+        # ``[DONE]`` is still found (its decode fails): the stream must end as it does
+        sse._decode_summary = lambda data: blank if data[:1] == b"{" else decode(data)
+    elif case == "no-tally":
+        from ncap.lifecycle.reports import Tally
+
+        Tally.add_all = lambda self, summaries: False  # type: ignore[method-assign]
+    elif case == "no-watchdog":
+        from ncap.http import app, limits
+
+        async def unbounded(stream: AsyncIterator[bytes], max_s: float) -> AsyncIterator[bytes]:
+            async for chunk in stream:
+                yield chunk
+
+        async def write(self: Any, write: Any) -> Any:
+            return await write
+
+        app.bounded_stream = unbounded  # type: ignore[assignment]
+        limits.StallWatch.write = write  # type: ignore[method-assign]
+    elif case == "no-split":
+        from ncap.providers import openai
+
+        async def pieces(chunks: AsyncIterator[bytes]) -> AsyncIterator[sse.StreamPiece]:
+            async for chunk in chunks:
+                yield sse.StreamPiece(chunk, [], done=chunk.endswith(b"[DONE]\n\n"))
+
+        openai.iter_pieces = pieces  # type: ignore[assignment]
+
+
+def serve_main(case: str, profile: str | None, argv: list[str]) -> None:
+    if case != "full":
+        switch_off(case)
+    from ncap.cli.main import main
+
+    sys.argv = ["ncap", *argv]
+    if not profile:
+        main()
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a clean exit writes stats
+    profiler.enable()
+    try:
+        main()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        profiler.disable()
+        profiler.dump_stats(profile)
+
+
+def start(work: Path, up_port: int, case: str, stores: str, profile: Path | None) -> sb.Target:
+    home = work / case
+    home.mkdir(exist_ok=True)
+    memory = stores == "memory"
+    config = sb.NCAP_CONFIG.format(
+        port=up_port, stores=stores, stores_block=sb.MEMORY_STORES if memory else ""
+    )
+    (home / "ncap.yaml").write_text(config)
+    port = bl.free_port()
+    argv = sb._py(str(Path(__file__).resolve()), "serve", "--case", case)
+    if profile is not None:
+        argv += ["--profile", str(profile)]
+    argv += ["--", "serve", "--config", str(home / "ncap.yaml"), "--port", str(port)]
+    env = {"NCAP_BENCH_UPSTREAM_KEY": "dummy", "PYTHONPATH": sb.NCAP_SRC[0]}
+    server = bl.start_server(f"ncap-{case}", argv, work, env=env, cwd=home)
+    sb._wait_port(server, port)
+    return sb.Target(f"ncap-{case}", sb._url(port), server, note=case)
+
+
+def cpu_per_chunk(target: sb.Target, args: argparse.Namespace) -> float | None:
+    n, tokens = sb.SCENARIOS[args.scenario]
+    sb.run_load(target, n, tokens, 4, 8)
+    assert target.server is not None
+    with bl.measured(target.server.pid) as cpu:
+        res = sb.run_load(target, n, tokens, args.concurrency, args.requests)
+    chunks = res["ok"] * n * tokens
+    return 1e6 * cpu["cpu_s"] / chunks if chunks else None
+
+
+def top(profile: Path, count: int) -> str:
+    text = io.StringIO()
+    stats = pstats.Stats(str(profile), stream=text)
+    stats.strip_dirs().sort_stats("tottime").print_stats(count)
+    lines = text.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    return "\n".join(lines[start:])
+
+
+def drive(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="ncap-stream-profile-"))
+    up, up_port = sb.start_upstream(work)
+    results: dict[str, Any] = {"scenario": args.scenario, "stores": args.stores, "rounds": []}
+    try:
+        bare = sb.bare_target(work, up_port)
+        cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+        targets = {case: start(work, up_port, case, args.stores, None) for case in cases}
+        for number in range(args.rounds):
+            row: dict[str, Any] = {"bare": cpu_per_chunk(bare, args)}
+            for case, target in targets.items():
+                row[case] = cpu_per_chunk(target, args)
+            results["rounds"].append(row)
+            cells = ", ".join(f"{k} {v:.2f}" for k, v in row.items() if v is not None)
+            print(f"round {number + 1} (µs per chunk): {cells}", flush=True)
+        for target in [bare, *targets.values()]:
+            assert target.server is not None
+            bl.stop_server(target.server)
+        if args.cprofile:
+            prof = work / "full.prof"
+            target = start(work, up_port, "full", args.stores, prof)
+            cpu_per_chunk(target, args)
+            assert target.server is not None
+            bl.stop_server(target.server, grace_s=30)
+            deadline = time.monotonic() + 30
+            while not prof.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            results["cprofile_top"] = top(prof, args.top) if prof.exists() else "no profile"
+            print(results["cprofile_top"])
+    finally:
+        bl.stop_server(up)
+        shutil.rmtree(work, ignore_errors=True)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":
+        rest = argv.index("--")
+        sub = argparse.ArgumentParser()
+        sub.add_argument("--case", default="full")
+        sub.add_argument("--profile")
+        ns = sub.parse_args(argv[1:rest])
+        serve_main(ns.case, ns.profile, argv[rest + 1 :])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--scenario", default="n4x250", choices=list(sb.SCENARIOS))
+    p.add_argument("--stores", default="default", choices=["default", "memory"])
+    p.add_argument("--requests", type=int, default=150)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--cprofile", action="store_true")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--ncap-src", default=sb.NCAP_SRC[0])
+    p.add_argument("--output", default=str(bl.BENCH / "results" / "stream-profile.json"))
+    args = p.parse_args(argv)
+    sb.NCAP_SRC[0] = args.ncap_src
+    return drive(args)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
