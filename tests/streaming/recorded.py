@@ -63,6 +63,17 @@ class _Content:
     branch: int
     conductor: Conductor | None
 
+    _reads: AsyncIterator[bytes] | None = None
+
+    async def readany(self) -> bytes:
+        """aiohttp's: the next bytes, ``b""`` at the end."""
+        if self._reads is None:
+            self._reads = self.iter_any()
+        return await anext(self._reads, b"")
+
+    def set_exception(self, exc: BaseException) -> None:
+        raise AssertionError(f"a recorded stream timed out: {exc}")
+
     async def iter_any(self) -> AsyncIterator[bytes]:
         for number, read in enumerate(self.reads):
             if self.conductor is not None:
@@ -86,6 +97,7 @@ class _Content:
 @dataclass
 class _Response:
     content: _Content
+    connection: None = None
     headers: Mapping[str, str] = field(default_factory=lambda: {"x-request-id": "rid-rec"})
 
 

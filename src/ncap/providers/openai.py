@@ -26,7 +26,7 @@ from ncap.providers.base import (
     UpstreamErrorDetail,
     UpstreamResult,
 )
-from ncap.providers.transport import HttpTransport, mapped, parse_retry_after
+from ncap.providers.transport import HttpTransport, ReadGapWatch, mapped, parse_retry_after
 from ncap.streaming.sse import EventSplitter, MalformedEvent, StreamPiece
 
 __all__ = ["OpenAIProvider", "openai_failure", "parse_retry_after"]
@@ -81,7 +81,7 @@ class OpenAIProvider:
         transport = self._transports[kind]
         async with transport.open(_encode(body), timeout=timeout) as resp:
             request_id = transport.request_id(resp.headers)
-            yield request_id, _events(resp, request_id)
+            yield request_id, _events(resp, request_id, timeout)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
@@ -103,27 +103,38 @@ def _headers(route: Route, route_id: str) -> dict[str, str]:
 
 
 async def _events(
-    resp: aiohttp.ClientResponse, request_id: str | None
+    resp: aiohttp.ClientResponse, request_id: str | None, timeout: float
 ) -> AsyncIterator[StreamPiece]:
     """The body's events, one piece per read as the socket gave it (the splitter finds
     the events, so a long event line is no aiohttp ``LineTooLong``); a failure carries
     the request id, which a stream whose first event fails would otherwise lose. The
-    loop of ``iter_pieces``, inlined: one generator fewer on every read."""
+    loop of ``iter_pieces``, inlined (one generator fewer on every read), with the
+    wait for each read bounded by ``ReadGapWatch`` (one timer per stream)."""
     splitter = EventSplitter()
-    with mapped(partial=True, provider_request_id=request_id):
-        async for chunk in resp.content.iter_any():
-            piece = splitter.feed(chunk)
+    read = resp.content.readany
+    gaps = ReadGapWatch(resp, timeout)
+    try:
+        with mapped(partial=True, provider_request_id=request_id):
+            while True:
+                gaps.since = gaps.now()
+                chunk = await read()
+                gaps.since = None
+                if not chunk:
+                    break
+                piece = splitter.feed(chunk)
+                if piece is not None:
+                    yield piece
+                if splitter.failure is not None:
+                    raise _malformed(splitter.failure) from splitter.failure
+                if splitter.done:
+                    return
+            piece = splitter.end()
             if piece is not None:
                 yield piece
             if splitter.failure is not None:
                 raise _malformed(splitter.failure) from splitter.failure
-            if splitter.done:
-                return
-        piece = splitter.end()
-        if piece is not None:
-            yield piece
-        if splitter.failure is not None:
-            raise _malformed(splitter.failure) from splitter.failure
+    finally:
+        gaps.close()
 
 
 def _malformed(exc: MalformedEvent) -> AttemptFailed:

@@ -17,7 +17,7 @@ import aiohttp
 
 from ncap.providers.base import AttemptFailed
 
-__all__ = ["FailureOf", "HttpTransport", "mapped", "parse_retry_after"]
+__all__ = ["FailureOf", "HttpTransport", "ReadGapWatch", "mapped", "parse_retry_after"]
 
 FailureOf = Callable[[int, Mapping[str, str], bytes], AttemptFailed]
 """(status, response headers, body) of a non-200 answer → the attempt's failure."""
@@ -139,6 +139,43 @@ class HttpTransport:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class ReadGapWatch:
+    """The per-attempt timeout on every wait for the next read of a streamed body, with
+    one timer per stream: aiohttp's ``sock_read`` timeout re-arms a timer on every
+    socket read (a cancel and a new timer each time, about as much CPU as relaying the
+    read itself), and a streamed answer is hundreds of reads. The reader marks when it
+    starts waiting (``since``) and clears it when the read arrives; a check every half
+    ``timeout_s`` fails a wait that has lasted ``timeout_s`` (caught after one to one and
+    a half times it) the way aiohttp does, with a ``TimeoutError`` on the body, which
+    ``mapped`` turns into the attempt's timeout. Time the reader spends elsewhere (the
+    client being written to) is not counted: that is not the upstream's gap."""
+
+    __slots__ = ("_handle", "_loop", "_resp", "_timeout", "since")
+
+    def __init__(self, resp: aiohttp.ClientResponse, timeout_s: float) -> None:
+        protocol = resp.connection.protocol if resp.connection is not None else None
+        if protocol is not None:
+            protocol.read_timeout = None  # this watch bounds the gaps instead
+        self._resp = resp
+        self._timeout = timeout_s
+        self._loop = asyncio.get_running_loop()
+        self.since: float | None = None
+        self._handle = self._loop.call_later(timeout_s / 2, self._check)
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    def _check(self) -> None:
+        since = self.since
+        if since is not None and self._loop.time() - since >= self._timeout:
+            self._resp.content.set_exception(TimeoutError("upstream read timed out"))
+            return
+        self._handle = self._loop.call_later(self._timeout / 2, self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
 
 
 @contextmanager
