@@ -16,7 +16,7 @@ from ncap.lifecycle.plan import Attempt
 from ncap.lifecycle.reports import Tally, stream_report
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed
-from ncap.streaming.sse import StreamPiece, encode_event, event_data, split_events
+from ncap.streaming.sse import StreamPiece, encode_event, event_data
 
 __all__ = ["error_event", "relay"]
 
@@ -67,20 +67,34 @@ def _without_usage(raw: bytes) -> bytes:
     """The piece with the usage the client did not ask for taken out: the usage chunk
     the gateway asked for on its own behalf is dropped, and a choice chunk that also
     carries usage (some upstreams put it on the last one) is re-encoded without it
-    (the only chunk re-encoded). Once per stream: the other events are kept as they are."""
+    (the only chunk re-encoded). Only the events that name ``usage`` are looked at: a
+    piece's events end with a blank line, and only there (``StreamPiece``)."""
     out = []
-    for event in split_events(raw):
-        data = event_data(event)
-        if not data.startswith(b"{") or b'"usage"' not in data:
-            out.append(event)
-            continue
-        chunk = msgspec.json.decode(data)
-        if not isinstance(chunk, dict) or chunk.get("usage") is None:
-            out.append(event)
-        elif chunk.get("choices"):
-            chunk.pop("usage", None)
-            out.append(encode_event(_encode(chunk)))
+    start = 0
+    at = raw.find(b'"usage"')
+    while at >= 0:
+        begin = raw.rfind(b"\n\n", start, at)
+        begin = start if begin < 0 else begin + 2
+        end = raw.find(b"\n\n", at) + 2
+        out.append(raw[start:begin])
+        out.append(_event_without_usage(raw[begin:end]))
+        start = end
+        at = raw.find(b'"usage"', start)
+    out.append(raw[start:])
     return b"".join(out)
+
+
+def _event_without_usage(event: bytes) -> bytes:
+    data = event_data(event)
+    if not data.startswith(b"{"):
+        return event
+    chunk = msgspec.json.decode(data)
+    if not isinstance(chunk, dict) or chunk.get("usage") is None:
+        return event
+    if not chunk.get("choices"):
+        return b""
+    chunk.pop("usage", None)
+    return encode_event(_encode(chunk))
 
 
 def error_event(error: NcapError) -> bytes:

@@ -110,19 +110,15 @@ class EventSplitter:
         return self._lines(rest, final=True)
 
     def _fast(self, body: bytes) -> StreamPiece | None:
-        """Events already in relayed form, one ``data:`` line each (the common case):
-        decoded without splitting lines. Anything else, and data that does not decode
-        (``[DONE]``, a malformed event), goes event by event."""
-        count = body.count(b"\n\n")
-        if body.startswith(b"data: ") and body.count(b"\n") == 2 * count:
-            try:
-                if count == 1:
-                    return StreamPiece(body, [_decode_summary(body[6:])])
-                if body.count(b"\n\ndata: ") == count - 1:
-                    datas = body[6:-2].split(b"\n\ndata: ")
-                    return StreamPiece(body, [_decode_summary(d) for d in datas])
-            except _DecodeError:
-                pass
+        """Events already in relayed form, one ``data:`` line each (the common case),
+        ``[DONE]`` last or not at all: decoded without splitting lines. Anything else,
+        and data that does not decode (a malformed event), goes event by event."""
+        done = body == DONE or body.endswith(_DONE_LAST)
+        head = body[: -len(DONE)] if done else body
+        summaries = _decoded(head) if head else []
+        if summaries is not None:
+            self.done = done
+            return StreamPiece(body, summaries, done)
         if b"\n\n\n" in body:
             return self._lines(body + self._rest, final=False)
         return self._piece([e + b"\n\n" for e in body[:-2].split(b"\n\n")])
@@ -180,6 +176,25 @@ class EventSplitter:
         if not kept:
             return None
         return StreamPiece(b"".join(events[:kept]), summaries, done=self.done)
+
+
+_DONE_LAST = b"\n\n" + DONE
+
+
+def _decoded(body: bytes) -> list[ResponseSummary] | None:
+    """Each event's summary when every event of ``body`` is one ``data:`` line of JSON
+    (None otherwise, or when one does not decode: then it is done event by event)."""
+    count = body.count(b"\n\n")
+    if not body.startswith(b"data: ") or body.count(b"\n") != 2 * count:
+        return None
+    try:
+        if count == 1:
+            return [_decode_summary(body[6:])]
+        if body.count(b"\n\ndata: ") == count - 1:
+            return [_decode_summary(d) for d in body[6:-2].split(b"\n\ndata: ")]
+    except _DecodeError:
+        pass
+    return None
 
 
 def event_data(event: bytes) -> bytes:
