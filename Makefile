@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-stream bench-stream-profile bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
 
 setup:
 	@scripts/setup.sh
@@ -34,13 +34,25 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz
+bench: bench-gateway bench-stream bench-stream-profile bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz
 
 # every row of issue 8's table, side by side in one run, with the machine's load
 bench-gateway: setup
 	@scripts/setup-litellm.sh
 	@scripts/setup-portkey.sh
 	$(BIN)/python bench/gateway_bench.py --targets direct,bare,ncap-memory,ncap-ledger,ncap,ncap-sqlite,portkey,litellm --rounds 3 --warmup 3
+
+# streamed answers: CPU per relayed chunk and time to first byte, n=1x500 and n=4x250,
+# bare pass-through, ncap (memory, shipped default, fan-out), LiteLLM and Portkey in one run
+STREAM_ROUNDS ?= 2
+bench-stream: setup
+	@scripts/setup-litellm.sh || echo "litellm: setup failed; reported as not installed"
+	@scripts/setup-portkey.sh || echo "portkey: setup failed; reported as not installed"
+	$(BIN)/python bench/stream_bench.py --rounds $(STREAM_ROUNDS)
+
+# the relay's CPU per chunk by cause (one concern switched off at a time) and a cProfile top
+bench-stream-profile: setup
+	$(BIN)/python bench/stream_profile.py --rounds 2 --cprofile
 
 # user-space instructions per request under callgrind: steady on a busy machine
 bench-instructions: setup

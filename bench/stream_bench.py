@@ -297,9 +297,11 @@ def _url(port: int) -> str:
 
 
 NCAP_SRC = [str(bl.ROOT / "src")]
+COMPARE_SRC = [""]  # --compare-src: another tree served as ncap-before, ncap-fanout-before
 
 
-def ncap_target(work: Path, up_port: int, name: str) -> Target:
+def ncap_target(work: Path, up_port: int, name: str, src: str | None = None) -> Target:
+    """``ncap serve`` from this tree's sources (or ``src``: ``--compare-src``)."""
     home = work / name
     home.mkdir(exist_ok=True)
     memory = name == "ncap-memory"
@@ -311,10 +313,11 @@ def ncap_target(work: Path, up_port: int, name: str) -> Target:
     (home / "ncap.yaml").write_text(config)
     port = bl.free_port()
     argv = _py("-m", "ncap.cli.main", "serve", "--config", str(home / "ncap.yaml"))
-    env = {"NCAP_BENCH_UPSTREAM_KEY": "dummy", "PYTHONPATH": NCAP_SRC[0]}
+    env = {"NCAP_BENCH_UPSTREAM_KEY": "dummy", "PYTHONPATH": src or NCAP_SRC[0]}
     server = bl.start_server(name, [*argv, "--port", str(port)], work, env=env, cwd=home)
     _wait_port(server, port)
-    return Target(name, _url(port), server, note="memory stores" if memory else "shipped default")
+    note = "memory stores" if memory else "shipped default"
+    return Target(name, _url(port), server, note=note + (f", sources {src}" if src else ""))
 
 
 def bare_target(work: Path, up_port: int) -> Target:
@@ -431,12 +434,15 @@ def start_targets(work: Path, up_port: int, up: bl.Server, names: list[str]) -> 
                 started[name] = bare_target(work, up_port)
             elif name in ("ncap", "ncap-memory"):
                 started[name] = ncap_target(work, up_port, name)
-            elif name == "ncap-fanout":
-                base = started.get("ncap") or ncap_target(work, up_port, "ncap")
-                started.setdefault("ncap", base)
-                started[name] = Target(
-                    name, base.url, base.server, model="fake-fanout", note="emulated route"
-                )
+            elif name == "ncap-before":
+                started[name] = ncap_target(work, up_port, name, COMPARE_SRC[0])
+            elif name in ("ncap-fanout", "ncap-fanout-before"):
+                base_name = "ncap" if name == "ncap-fanout" else "ncap-before"
+                base = started.get(base_name)
+                if not isinstance(base, Target):
+                    raise RuntimeError(f"{name} needs {base_name}, which did not start")
+                note = "emulated route" + (", before" if "before" in name else "")
+                started[name] = Target(name, base.url, base.server, model="fake-fanout", note=note)
             elif name == "litellm":
                 started[name] = litellm_target(work, up_port)
             elif name == "portkey":
@@ -462,6 +468,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def drive(args: argparse.Namespace) -> int:
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if args.compare_src:
+        COMPARE_SRC[0] = args.compare_src
+        names += ["ncap-before", "ncap-fanout-before"]
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     work = Path(tempfile.mkdtemp(prefix="ncap-stream-bench-"))
     up, up_port = start_upstream(work)
@@ -479,7 +488,7 @@ def drive(args: argparse.Namespace) -> int:
                     target = started.get(name)
                     if not isinstance(target, Target):
                         continue
-                    if name == "ncap-fanout" and SCENARIOS[scenario][0] == 1:
+                    if "fanout" in name and SCENARIOS[scenario][0] == 1:
                         continue  # one candidate is never fanned out
                     try:
                         rows.append(measure(target, scenario, args))
@@ -533,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--output", default=str(bl.BENCH / "results" / "stream.json"))
     p.add_argument("--ncap-src", default=NCAP_SRC[0], help="the ncap sources to serve")
+    p.add_argument("--compare-src", default="", help="also serve these sources (before)")
     args = p.parse_args(argv)
     NCAP_SRC[0] = args.ncap_src
     return drive(args)

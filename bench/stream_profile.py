@@ -65,11 +65,8 @@ def switch_off(case: str) -> None:
             async for chunk in stream:
                 yield chunk
 
-        async def write(self: Any, write: Any) -> Any:
-            return await write
-
         app.bounded_stream = unbounded  # type: ignore[assignment]
-        limits.StallWatch.write = write  # type: ignore[method-assign]
+        limits.StallWatch.now = lambda self: None  # type: ignore[method-assign,assignment,return-value]
     elif case == "no-split":
         from ncap.providers import openai
 

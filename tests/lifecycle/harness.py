@@ -15,6 +15,7 @@ from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.metrics import Metrics
 from ncap.stores import MemoryBudgetStore, MemoryLedgerStore
 from ncap.stores.base import Hold
+from ncap.streaming.sse import split_events
 from ncap.testing.scripted import ScriptedProvider
 from tests.support import gateway_config
 
@@ -97,9 +98,11 @@ async def drain(stream: AsyncIterator[bytes] | None) -> list[bytes]:
 
 
 def events(chunks: list[bytes]) -> list[Any]:
-    """The JSON of each ``data:`` event, ``[DONE]`` as the string."""
+    """The JSON of each ``data:`` event, ``[DONE]`` as the string (a write may hold
+    several events: what arrived together is relayed together)."""
     out: list[Any] = []
     for chunk in chunks:
-        data = chunk.removeprefix(b"data: ").strip()
-        out.append("[DONE]" if data == b"[DONE]" else msgspec.json.decode(data))
+        for event in split_events(chunk):
+            data = event.removeprefix(b"data: ").strip()
+            out.append("[DONE]" if data == b"[DONE]" else msgspec.json.decode(data))
     return out

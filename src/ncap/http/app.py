@@ -298,8 +298,10 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         await watch.write(response.prepare(request))
         if first is not None:
             await watch.write(response.write(first))
-        async for chunk in bounded:
-            await watch.write(response.write(chunk))
+        async for chunk in bounded:  # StallWatch.write, inlined: it runs for every read
+            watch.writing_since = watch.now()
+            await response.write(chunk)
+            watch.writing_since = None
     except (ConnectionError, OSError):
         pass  # the client went away; closing the stream cancels the upstream request
     finally:

@@ -124,6 +124,9 @@ class StallWatch:
         self.stalled = False
         self._handle = self._loop.call_later(timeout_s / 2, self._check)
 
+    def now(self) -> float:
+        return self._loop.time()
+
     async def write(self, write: Awaitable[_T]) -> _T:
         self.writing_since = self._loop.time()
         try:

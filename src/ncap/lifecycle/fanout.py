@@ -134,18 +134,29 @@ def _raised(failure: BaseException) -> BaseException:
 
 async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIterator[bytes]:
     """The branches' pieces as they come (one per upstream read), until every branch
-    ended; a failure raises."""
+    ended; what arrived together (from several branches) goes out in one write, in
+    arrival order. A failure raises, after what arrived before it."""
     live = len(tallies)
+    merged_id = _id(plan)
     while live:
-        index, item = await queue.get()
-        if item is None:
-            live -= 1
-            continue
-        if isinstance(item, BaseException):
-            raise item
-        out = _rebase(item, tallies[index], index, _id(plan))
-        if out:
-            yield out
+        items = [await queue.get()]
+        while not queue.empty():
+            items.append(queue.get_nowait())
+        out: list[bytes] = []
+        failure: BaseException | None = None
+        for index, item in items:
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                failure = item
+                break
+            else:
+                out.append(_rebase(item, tallies[index], index, merged_id))
+        joined = b"".join(out)
+        if joined:
+            yield joined
+        if failure is not None:
+            raise failure
 
 
 def _ending(plan: Plan, tallies: Sequence[Tally], cut: str | None) -> list[bytes]:
