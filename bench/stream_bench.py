@@ -15,7 +15,9 @@ write) serves every target:
   portkey       Portkey's gateway (scripts/setup-portkey.sh)
 
 Scenarios: ``n1x500`` (one choice of 500 chunks) and ``n4x250`` (four choices of 250,
-interleaved: 1,000 chunks). For each round, scenario and target: CPU per chunk at
+interleaved: 1,000 chunks); ``n1x1`` (one chunk: what a streamed request costs besides
+its chunks) on demand. ``--compare-src DIR`` also serves another tree's sources as
+``ncap-before`` and ``ncap-fanout-before``, in the same run. For each round, scenario and target: CPU per chunk at
 ``--cpu-concurrency`` over ``--requests`` streams, and TTFB p50 at c=1 and c=16. The
 client does not ask for usage: ncap strips the usage chunk it asked for on its own
 behalf; the pass-throughs relay it. A target that fails is reported with its error.
@@ -45,7 +47,8 @@ from typing import Any
 
 import benchlib as bl
 
-SCENARIOS = {"n1x500": (1, 500), "n4x250": (4, 250)}
+SCENARIOS = {"n1x500": (1, 500), "n4x250": (4, 250), "n1x1": (1, 1)}
+DEFAULT_SCENARIOS = "n1x500,n4x250"  # n1x1: one chunk, the request path's own cost
 TARGETS = ("direct", "bare", "ncap-memory", "ncap", "ncap-fanout", "litellm", "portkey")
 LITELLM_BIN = bl.ROOT / ".venv-litellm" / "bin" / "litellm"
 PORTKEY_DIR = bl.BENCH / "portkey"
@@ -534,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--targets", default=",".join(TARGETS))
-    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--scenarios", default=DEFAULT_SCENARIOS)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--requests", type=int, default=150, help="streams per CPU measurement")
     p.add_argument("--cpu-concurrency", type=int, default=8)

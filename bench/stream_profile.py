@@ -14,6 +14,7 @@ bare pass-through is measured in the same run, for the ratio. The difference bet
   no-split      the upstream reads relayed without any event splitting or decoding
                 (what is left: aiohttp both sides, the lifecycle's generators, the
                 settlement at the end; the stream is then not settled to its usage)
+  no-gc         Python's cyclic garbage collector off (what its passes cost)
 
 ``--cprofile`` also runs ``full`` under cProfile and prints the top functions by own
 time (``--top``). ``--ncap-src`` serves other sources (e.g. an older checkout): only
@@ -42,7 +43,7 @@ from typing import Any
 import benchlib as bl
 import stream_bench as sb
 
-CASES = ("full", "no-decode", "no-tally", "no-watchdog", "no-split")
+CASES = ("full", "no-decode", "no-tally", "no-watchdog", "no-split", "no-gc")
 
 
 def switch_off(case: str) -> None:
@@ -50,7 +51,11 @@ def switch_off(case: str) -> None:
     from ncap.protocol.responses import ResponseSummary
     from ncap.streaming import sse
 
-    if case == "no-decode":
+    if case == "no-gc":
+        import gc
+
+        gc.disable()
+    elif case == "no-decode":
         blank, decode = ResponseSummary(), sse._decode_summary
         # ``[DONE]`` is still found (its decode fails): the stream must end as it does
         sse._decode_summary = lambda data: blank if data[:1] == b"{" else decode(data)

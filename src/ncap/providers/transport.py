@@ -112,7 +112,8 @@ class HttpTransport:
         """A 200 response whose body is still to be read; closed on leaving the context
         (client disconnect included), which cancels the upstream request."""
         # total=None: a long stream is fine; the per-attempt timeout bounds the wait for
-        # the response head and every gap between chunks (sock_read).
+        # the response head and every gap between chunks (sock_read; a provider may
+        # hand the gaps to one ``ReadGapWatch`` per stream instead, as OpenAI's does).
         client_timeout = aiohttp.ClientTimeout(
             total=None, connect=min(self._connect_timeout, timeout), sock_read=timeout
         )
