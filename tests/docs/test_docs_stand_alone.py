@@ -121,10 +121,13 @@ def test_every_record_is_in_the_index() -> None:
 
 @pytest.mark.parametrize("name", sorted(records()))
 def test_each_record_has_its_parts(name: str) -> None:
+    """A title, then its context, the decision and its consequences, each opened by a
+    heading (``## Context``) or a bold lead (``**Context.**``, ``**Decision:**``)."""
     text = (DECISIONS / name).read_text(encoding="utf-8")
     assert text.startswith("# "), "a record starts with its title"
-    for part in ("## Context", "## Decision", "## Consequences"):
-        assert part in text, part
+    for part in ("Context", "Decision", "Consequence"):
+        opened = re.compile(rf"^(#+\s*|\*\*){part}", re.M | re.I)
+        assert opened.search(text), part
 
 
 def test_superseded_records_point_at_their_successor() -> None:
