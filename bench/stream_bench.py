@@ -17,8 +17,9 @@ write) serves every target:
 Scenarios: ``n1x500`` (one choice of 500 chunks) and ``n4x250`` (four choices of 250,
 interleaved: 1,000 chunks); ``n1x1`` (one chunk: what a streamed request costs besides
 its chunks) on demand. ``--compare-src DIR`` also serves another tree's sources as
-``ncap-before`` and ``ncap-fanout-before``, in the same run. For each round, scenario and target: CPU per chunk at
-``--cpu-concurrency`` over ``--requests`` streams, and TTFB p50 at c=1 and c=16. The
+``ncap-before`` and ``ncap-fanout-before``, in the same run. For each round, scenario
+and target: CPU per chunk at ``--cpu-concurrency`` over ``--requests`` streams, and
+TTFB p50 at c=1 and c=16. The
 client does not ask for usage: ncap strips the usage chunk it asked for on its own
 behalf; the pass-throughs relay it. A target that fails is reported with its error.
 
@@ -84,9 +85,10 @@ def _choice(head: bytes, index: int, delta: bytes, finish: bytes) -> bytes:
     return b"data: " + head + choice + b"]}\n\n"
 
 
-def upstream_main(port: int) -> None:
+def upstream_main(port: int, pace_ms: float = 0.0) -> None:
     """A streaming upstream: ``n`` choices of ``max_tokens`` (or
-    ``max_completion_tokens``) one-token chunks, interleaved; usage always sent."""
+    ``max_completion_tokens``) one-token chunks, interleaved; usage always sent;
+    ``pace_ms`` between writes (0: as fast as it can)."""
     import uvloop
     from aiohttp import web
 
@@ -111,6 +113,8 @@ def upstream_main(port: int) -> None:
         await resp.prepare(request)
         for chunk in chunks:
             await resp.write(chunk)
+            if pace_ms:
+                await asyncio.sleep(pace_ms / 1000)
         await resp.write_eof()
         return resp
 
@@ -529,9 +533,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         sub.add_argument("--port", type=int, required=True)
         sub.add_argument("--upstream", default="")
+        sub.add_argument("--pace-ms", type=float, default=0.0)
         ns = sub.parse_args(argv[1:])
         if kind == "upstream":
-            upstream_main(ns.port)
+            upstream_main(ns.port, ns.pace_ms)
         else:
             bare_main(ns.port, ns.upstream)
         return 0

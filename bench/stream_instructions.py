@@ -1,0 +1,127 @@
+"""User-space instructions per relayed chunk under callgrind, by cause: the relay's cost
+measured so that a busy machine does not move it.
+
+A streaming upstream paced so that each event arrives in its own read (``--pace-ms``
+between writes: the gateway, 50× slower under valgrind, still keeps up) serves the
+bare pass-through and ``ncap serve`` (shipped default) with one concern of the relay
+switched off at a time (the cases of ``bench/stream_profile.py``). Each runs under
+``valgrind --tool=callgrind --instr-atstart=no``; after warm-up streams the
+instrumentation is switched on, ``--streams`` streams are read at c=1 and the total is
+divided by the chunks relayed. ``--src`` serves another tree (a before/after: only the
+``full`` case applies to it). Kernel time is not counted.
+
+    .venv/bin/python bench/stream_instructions.py [--cases full,no-decode,...]
+        [--streams 4] [--tokens 200] [--pace-ms 2] [--src DIR] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib as bl
+import stream_bench as sb
+import stream_profile as sp
+
+
+def _callgrind(flags: list[str], pid: int) -> None:
+    subprocess.run(["callgrind_control", *flags, str(pid)], capture_output=True, check=False)
+
+
+def _totals(path: Path) -> int:
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    return 0
+
+
+def measure(case: str, args: argparse.Namespace, up_port: int, work: Path) -> dict[str, Any]:
+    port = bl.free_port()
+    env = dict(os.environ, NCAP_BENCH_UPSTREAM_KEY="dummy", PYTHONPATH=args.src)
+    if case == "bare":
+        argv = sb._sub("bare", "--port", str(port), "--upstream", sb._url(up_port))
+    else:
+        home = work / case
+        home.mkdir(exist_ok=True)
+        config = sb.NCAP_CONFIG.format(port=up_port, stores="default", stores_block="")
+        (home / "ncap.yaml").write_text(config)
+        argv = sb._py(str(bl.BENCH / "stream_profile.py"), "serve", "--case", case, "--")
+        argv += ["serve", "--config", str(home / "ncap.yaml"), "--port", str(port)]
+    out = work / f"{case}.callgrind"
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    valgrind += [f"--callgrind-out-file={out}"]
+    with (work / f"{case}.log").open("wb") as log:
+        server = subprocess.Popen(valgrind + argv, env=env, cwd=work, stdout=log, stderr=log)
+    target = sb.Target(case, sb._url(port), None)
+    try:
+        sb._wait_port(bl.Server(case, server, work / f"{case}.log"), port, timeout_s=300)
+        sb.run_load(target, 1, args.tokens, 1, 2)
+        _callgrind(["-i", "on"], server.pid)
+        sb.run_load(target, 1, args.tokens, 1, 1)  # the instrumented paths warm up too
+        _callgrind(["-z"], server.pid)
+        res = sb.run_load(target, 1, args.tokens, 1, args.streams)
+        _callgrind(["-i", "off"], server.pid)
+        _callgrind(["-d"], server.pid)
+        time.sleep(1)
+        total = max(_totals(p) for p in work.glob(f"{case}.callgrind*"))
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            for path in work.glob(f"{case}.callgrind*"):
+                shutil.copy(path, Path(args.keep) / path.name)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    chunks = res["ok"] * args.tokens
+    row = {"case": case, "streams": res["ok"], "errors": res["errors"]}
+    row["instructions_per_chunk"] = round(total / chunks) if chunks else None
+    print(f"  {case:<12} {row['instructions_per_chunk']} instructions/chunk", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--cases", default="bare," + ",".join(sp.CASES))
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--pace-ms", type=float, default=2.0)
+    p.add_argument("--src", default=str(bl.ROOT / "src"))
+    p.add_argument("--keep", default="")
+    p.add_argument("--output", default=str(bl.BENCH / "results" / "stream-instructions.json"))
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="ncap-stream-instr-"))
+    port = bl.free_port()
+    upstream_argv = sb._sub("upstream", "--port", str(port), "--pace-ms", str(args.pace_ms))
+    upstream = bl.start_server("upstream", upstream_argv, work)
+    rows: list[dict[str, Any]] = []
+    try:
+        sb._wait_port(upstream, port)
+        for case in (c.strip() for c in args.cases.split(",") if c.strip()):
+            rows.append(measure(case, args, port, work))
+    finally:
+        bl.stop_server(upstream)
+        shutil.rmtree(work, ignore_errors=True)
+    bare = next((r["instructions_per_chunk"] for r in rows if r["case"] == "bare"), None)
+    for row in rows:
+        if bare and row["instructions_per_chunk"]:
+            row["x_bare"] = round(row["instructions_per_chunk"] / bare, 2)
+    result = {"src": args.src, "tokens": args.tokens, "pace_ms": args.pace_ms, "rows": rows}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
