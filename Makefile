@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts fuzz soak clean
 
 setup:
 	@scripts/setup.sh
@@ -34,7 +34,7 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz
+bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts fuzz
 
 # every row of issue 8's table, side by side in one run, with the machine's load
 bench-gateway: setup
@@ -63,6 +63,14 @@ bench-stack: setup
 
 bench-engine: setup
 	$(BIN)/python bench/engine_bench.py --repeat 3
+
+# forced and auto tool calls: 200 seeded n=5 requests, every choice checked (long)
+bench-engine-tools: setup
+	$(BIN)/python bench/engine_tools_bench.py --seeds 200 --concurrency 4
+
+# two CPU burners: 20 n=4 requests through the embedded default, then a timeout
+bench-engine-timeouts: setup
+	$(BIN)/python bench/engine_timeouts_bench.py --requests 20 --burners 2
 
 # issue 15: the long fuzz pass (x10 the CI case counts: about 100,000 cases)
 FUZZ_SCALE ?= 10

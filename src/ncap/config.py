@@ -445,8 +445,9 @@ def default_config() -> Config:
         models={"smollm2": ["local-smollm2"]},
         routes={
             "local-smollm2": Route(
+                # no timeout_s: each attempt gets a budget from its size and the engine's
+                # measured speed, charged from admission (providers/local.py)
                 provider="local",
-                timeout_s=300,  # a long local generation on a laptop is not a failure
                 contract=Contract(
                     candidates="native",
                     max_candidates=32,

@@ -52,6 +52,7 @@ __all__ = [
 
 FailureClass = Literal[
     "timeout",
+    "cancelled",
     "refused",
     "connection",
     "unreadable",
@@ -107,6 +108,8 @@ def _status(f: AttemptFailed) -> NcapError:
 
 TABLE: dict[FailureClass, tuple[AttemptOutcome, ClientError]] = {
     "timeout": ("timeout", _timeout),
+    # a timeout whose provider cancelled the work and counted it (the local engine)
+    "cancelled": ("cancelled", _timeout),
     "refused": ("rejected", _failed),  # never left: nothing was generated or billed
     "connection": ("connection_error", _failed),
     "unreadable": ("upstream_error", _failed),  # a malformed answer, or no status
@@ -127,7 +130,7 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
     """The failure's class; ``unbilled_errors`` is the route's ``error_responses ==
     "unbilled"`` (without it, an error answer is an unknown)."""
     if f.kind == "timeout":
-        return "timeout"
+        return "cancelled" if f.usage is not None else "timeout"
     if f.kind == "connection":
         return "connection" if f.dispatched else "refused"
     if f.kind == "protocol" or f.status is None:
@@ -153,10 +156,11 @@ def ledger_outcome(f: AttemptFailed, *, unbilled_errors: bool = False) -> Attemp
 
 
 def reported_usage(f: AttemptFailed) -> SummaryUsage | None:
-    """The usage a refusal reported (a blocked prompt's prompt tokens), which its row is
-    settled at; None for any other failure (which reports none: zero for a refusal,
-    unknown otherwise, as ``TABLE`` says)."""
-    if f.usage is None or ledger_outcome(f) != "rejected":
+    """The usage a refusal reported (a blocked prompt's prompt tokens), or that a
+    provider counted when it cancelled its own work at the timeout (the local engine),
+    which its row is settled at; None for any other failure (which reports none: zero
+    for a refusal, unknown otherwise, as ``TABLE`` says)."""
+    if f.usage is None or ledger_outcome(f) not in ("rejected", "cancelled"):
         return None
     return msgspec.convert(msgspec.to_builtins(f.usage), SummaryUsage)
 

@@ -330,10 +330,14 @@ class Accounting:
             _log_failure(attempt, None, str(report.cut), outcome)
 
     async def failed(self, attempt: Attempt, failure: AttemptFailed) -> None:
-        usage = reported_usage(failure)  # a refusal's own report (a blocked prompt's)
-        report = AttemptReport(failure.provider_request_id, 0, {}, usage, attempt.plan.stream, None)
+        # a refusal's own report (a blocked prompt's), or what a cancelled engine used
+        usage = reported_usage(failure)
         unbilled = attempt.route.route.contract.error_responses == "unbilled"
         outcome = ledger_outcome(failure, unbilled_errors=unbilled)
+        finish = {"cancelled": attempt.plan.expected_returned} if outcome == "cancelled" else {}
+        report = AttemptReport(
+            failure.provider_request_id, 0, finish, usage, attempt.plan.stream, None
+        )
         await self._close(attempt, report, outcome, upstream_status=failure.status)
         _log_failure(attempt, failure.status, classify(failure, unbilled_errors=unbilled), outcome)
 
