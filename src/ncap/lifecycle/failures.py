@@ -130,7 +130,7 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
     """The failure's class; ``unbilled_errors`` is the route's ``error_responses ==
     "unbilled"`` (without it, an error answer is an unknown)."""
     if f.kind == "timeout":
-        return "cancelled" if f.usage is not None else "timeout"
+        return "cancelled" if f.cancelled and f.usage is not None else "timeout"
     if f.kind == "connection":
         return "connection" if f.dispatched else "refused"
     if f.kind == "protocol" or f.status is None:

@@ -83,6 +83,9 @@ class AttemptFailed(Exception):
     # candidates a refusal of n > 1 stated
     usage: Usage | None = None
     max_candidates: int | None = None
+    # a timeout at which the provider stopped the work itself and counted what it had
+    # used into ``usage`` (the local engine cancels its sequences): nothing is unknown
+    cancelled: bool = False
 
     @property
     def retryable(self) -> bool:

@@ -170,6 +170,7 @@ async def _timed_out(stream: RequestStream, *, mid_stream: bool = False) -> Atte
         detail="local engine timed out; its sequences were cancelled",
         partial=mid_stream,
         usage=used,
+        cancelled=True,
         retry=False,
         client_fault=False,
     )
