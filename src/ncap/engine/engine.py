@@ -93,6 +93,10 @@ class RequestStream:
             return False
         return True
 
+    def bind(self, cancel: Callable[[], bool]) -> None:
+        """How to cancel the submitted request (True: it was still queued)."""
+        self._cancel = cancel
+
     def _put(self, events: list[Event]) -> None:
         self.started.set()  # any event at all means the request left the queue
         self.queue.put_nowait(events)
@@ -250,7 +254,7 @@ class Engine:
         prepared = await asyncio.to_thread(self.prepare, params)
         stream = RequestStream(prepared)
         job: Job = self._scheduler.submit(prepared, stream.sink)
-        stream._cancel = lambda: self._scheduler.cancel(job)
+        stream.bind(lambda: self._scheduler.cancel(job))
         try:
             yield stream
         finally:

@@ -353,7 +353,7 @@ class Scheduler:
                     pass
                 # a cancelled request's ids and cells go to the queue's head in this very
                 # iteration, not one step later
-                self._reap_cancelled()
+                self._reap_cancelled_safely()
                 admitted = self._admit_locked()
             for job in admitted:
                 self._start(job)
@@ -589,6 +589,13 @@ class Scheduler:
             self._running.remove(job)
             self._reserved -= job.prepared.reserve
         job.finished = True
+
+    def _reap_cancelled_safely(self) -> None:
+        try:
+            self._reap_cancelled()
+        except Exception as exc:
+            log_internal_error(log, "local engine failed to free a cancelled request", exc)
+            self._fail_all(NcapError("the local engine failed while generating"))
 
     def _reap_cancelled(self) -> None:
         """Free cancelled requests and tell each what it had used (its caller may wait
