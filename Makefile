@@ -66,7 +66,7 @@ bench-engine: setup
 
 # forced and auto tool calls: 200 seeded n=5 requests, every choice checked (long)
 bench-engine-tools: setup
-	$(BIN)/python bench/engine_tools_bench.py --seeds 200 --concurrency 4
+	$(BIN)/python bench/engine_tools_bench.py --seeds 200 --concurrency 4 --shards 4
 
 # two CPU burners: 20 n=4 requests through the embedded default, then a timeout
 bench-engine-timeouts: setup

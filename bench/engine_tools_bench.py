@@ -9,13 +9,18 @@ call cut by the token limit (``length`` with the partial call), every whole call
 arguments parse and validate against its tool's JSON schema (``jsonschema``), and
 ``parallel_tool_calls: false`` gives exactly one call. Exits 1 on any breach.
 
-    .venv/bin/python bench/engine_tools_bench.py [--seeds 200] [--concurrency 4]
+    .venv/bin/python bench/engine_tools_bench.py [--seeds 200] [--concurrency 4] [--shards 1]
+
+``--shards k`` runs k gateways in separate processes, each on a contiguous slice of the
+seeds, and sums their tallies: on a machine shared with other work, each process gets
+its own share of the CPU. A seed's request is the same whichever shard runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,15 +41,27 @@ from tests.support import gateway  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seeds", type=int, default=200, help="seeds 0 .. N-1, one request each")
+    ap.add_argument("--seeds", type=int, default=200, help="how many seeds, one request each")
+    ap.add_argument("--first", type=int, default=0, help="the first seed")
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, help="write the tally as JSON here too")
+    ap.add_argument("--shards", type=int, default=1, help="processes sharing the seeds")
+    ap.add_argument("--out", type=Path, help="write the summary as JSON here too")
     args = ap.parse_args()
+    if args.shards > 1:
+        summary = sharded(args)
+    else:
+        tally, wall = run(args.first, args.seeds, args.concurrency, args.threads)
+        summary = summarize(tally, wall)
+    report(summary, args.out)
+    return 1 if summary["breaches"] else 0
+
+
+def run(first: int, seeds: int, concurrency: int, threads: int) -> tuple[Tally, float]:
     with tempfile.TemporaryDirectory() as tmp:
         base = default_config()
         route = base.routes["local-smollm2"].model_copy(
-            update={"threads": args.threads, "max_sequences": 5 * args.concurrency}
+            update={"threads": threads, "max_sequences": 5 * concurrency}
         )
         config = base.model_copy(
             update={
@@ -56,15 +73,60 @@ def main() -> int:
             }
         )
         with gateway(config) as server:
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=3600)
-            tally, wall = sweep(client, args.seeds, args.concurrency)
-    report(tally, wall, args.out)
-    return 1 if tally.failures else 0
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=7200)
+            return sweep(client, range(first, first + seeds), concurrency)
 
 
-def sweep(client: openai.OpenAI, seeds: int, concurrency: int) -> tuple[Tally, float]:
+def sharded(args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``args.shards`` processes on contiguous slices of the seeds; sum their tallies."""
+    began = time.monotonic()
+    size = -(-args.seeds // args.shards)
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for k in range(args.shards):
+            first = args.first + k * size
+            count = min(size, args.first + args.seeds - first)
+            if count <= 0:
+                break
+            cmd = [sys.executable, __file__, "--first", str(first), "--seeds", str(count)]
+            cmd += ["--concurrency", str(args.concurrency), "--threads", str(args.threads)]
+            cmd += ["--out", f"{tmp}/shard-{k}.json"]
+            procs.append((subprocess.Popen(cmd), Path(f"{tmp}/shard-{k}.json")))
+        parts = []
+        for proc, out in procs:
+            proc.wait()
+            parts.append(json.loads(out.read_text()))
+    return merge(parts, time.monotonic() - began)
+
+
+def merge(parts: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    total: dict[str, Any] = {"by_tool_choice": {}, "finish_reasons": {}, "failures": []}
+    for part in parts:
+        for key in _COUNTS:
+            total[key] = total.get(key, 0) + part[key]
+        for kind, counts in part["by_tool_choice"].items():
+            mine = total["by_tool_choice"].setdefault(kind, {})
+            for outcome, n in counts.items():
+                mine[outcome] = mine.get(outcome, 0) + n
+        for reason, n in part["finish_reasons"].items():
+            total["finish_reasons"][reason] = total["finish_reasons"].get(reason, 0) + n
+        total["failures"] += part["failures"]
+    total["wall_s"] = round(wall, 1)
+    return total
+
+
+_COUNTS = (
+    "requests",
+    "choices",
+    "whole_calls_validated",
+    "single_call_choices_with_parallel_false",
+    "breaches",
+)
+
+
+def sweep(client: openai.OpenAI, seeds: range, concurrency: int) -> tuple[Tally, float]:
     tally = Tally()
-    bodies = [request(s) for s in range(seeds)]
+    bodies = [request(s) for s in seeds]
     began = time.monotonic()
 
     def one(body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -73,16 +135,20 @@ def sweep(client: openai.OpenAI, seeds: int, concurrency: int) -> tuple[Tally, f
     with ThreadPoolExecutor(concurrency) as pool:
         for done, (body, completion) in enumerate(pool.map(one, bodies), 1):
             tally.add(body, completion)
-            if done % 20 == 0:
-                print(f"{done}/{seeds} requests, {time.monotonic() - began:.0f} s", flush=True)
+            if done % 10 == 0:
+                print(
+                    f"seeds {seeds.start}-{seeds.stop - 1}: {done}/{len(bodies)} requests, "
+                    f"{time.monotonic() - began:.0f} s",
+                    flush=True,
+                )
     return tally, time.monotonic() - began
 
 
-def report(tally: Tally, wall: float, out: Path | None) -> None:
+def summarize(tally: Tally, wall: float) -> dict[str, Any]:
     by_kind: dict[str, dict[str, int]] = {}
     for (kind, outcome), count in sorted(tally.choices.items()):
         by_kind.setdefault(kind, {})[outcome] = count
-    summary = {
+    return {
         "requests": tally.requests,
         "choices": sum(tally.choices.values()) + len(tally.failures),
         "by_tool_choice": by_kind,
@@ -90,18 +156,22 @@ def report(tally: Tally, wall: float, out: Path | None) -> None:
         "whole_calls_validated": tally.calls_validated,
         "single_call_choices_with_parallel_false": tally.single_call_choices,
         "breaches": len(tally.failures),
+        "failures": tally.failures,
         "wall_s": round(wall, 1),
     }
+
+
+def report(summary: dict[str, Any], out: Path | None) -> None:
     print("| tool_choice | call | partial (length) | prose |")
     print("| --- | --- | --- | --- |")
-    for kind, counts in by_kind.items():
+    for kind, counts in summary["by_tool_choice"].items():
         row = [counts.get(k, 0) for k in ("call", "partial", "prose")]
         print(f"| {kind} | {row[0]} | {row[1]} | {row[2]} |")
-    print(json.dumps(summary, indent=2))
-    for failure in tally.failures[:20]:
+    print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=2))
+    for failure in summary["failures"][:20]:
         print("BREACH", failure)
     if out is not None:
-        out.write_text(json.dumps({**summary, "failures": tally.failures}, indent=2) + "\n")
+        out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

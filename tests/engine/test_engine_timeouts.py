@@ -41,6 +41,12 @@ def test_speed_follows_the_machine_and_starts_pessimistic() -> None:
     assert speed.prefill_s == pytest.approx(0.005) and speed.decode_s == pytest.approx(0.02)
     speed.observe(0.4, 4, 4)  # the machine got busy: the mean moves a fifth of the way
     assert speed.decode_s == pytest.approx(0.02 + 0.2 * (0.1 - 0.02))
+    assert speed.now() == (speed.prefill_s, speed.decode_s)
+    # a step running for 2 s over 4 sequences: at least 0.5 s a sequence until it ends
+    speed.running = (time.perf_counter() - 2.0, 4, 4)
+    assert speed.now()[1] >= 0.5 and speed.now()[0] == speed.prefill_s
+    speed.running = (time.perf_counter() - 2.0, 100, 0)  # a prefill step: 20 ms a row
+    assert speed.now()[0] >= 0.02 and speed.now()[1] == speed.decode_s
 
 
 @pytest.fixture
@@ -78,7 +84,7 @@ async def test_cancel_frees_the_sequences_and_the_next_request_starts_at_once(
         await asyncio.wait_for(second.started.wait(), 0.5)
         done = await collect(second)
     assert [c.tokens for c in done.choices] == [2, 2, 2, 2]
-    assert engine.stats().live_sequences == 0
+    assert engine.stats().live_sequences == 0  # counted before the last event was sent
 
 
 async def test_queued_time_is_not_charged_to_the_attempt() -> None:

@@ -271,10 +271,10 @@ class Engine:
         measured speed: its prompt, then ``max_new`` steps as if every sequence the
         engine holds were busy beside it, times a margin, plus a floor. A machine that
         got slower measured slower, and the budget grew with it."""
-        speed = self._scheduler.speed
-        prefill = len(prepared.tokens) * speed.prefill_s
+        prefill_s, decode_s = self._scheduler.speed.now()
+        prefill = len(prepared.tokens) * prefill_s
         rows = max(self.settings.max_sequences, prepared.n)
-        decode = prepared.max_new * rows * speed.decode_s
+        decode = prepared.max_new * rows * decode_s
         return _BUDGET_MARGIN * (prefill + decode) + _BUDGET_FLOOR_S
 
 

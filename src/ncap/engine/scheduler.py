@@ -126,16 +126,27 @@ class EngineSpeed:
     ``prefill_s`` is the wall time per batch row of steps that evaluated prompt tokens
     (every row counted alike), ``decode_s`` the wall time per sequence of steps that
     only decoded. Both start pessimistic (several times what a quiet two-core machine
-    does) and follow the machine as it is: a busy one measures slower. Written by the
-    scheduler thread only; a reader sees one float or the other, never a torn value.
+    does) and follow the machine as it is: a busy one measures slower. The step running
+    now counts too (``now``): one that has already taken longer per row than the
+    averages say is the measure until it ends, so a machine that slowed down is seen
+    before its first slow step is over. Written by the scheduler thread only; a reader
+    sees one value or the other, never a torn one.
     """
 
     prefill_s: float = 0.02
     decode_s: float = 0.05
     prefill_steps: int = 0
     decode_steps: int = 0
+    # the step in progress: (perf_counter at its start, rows, rows that only decode)
+    running: tuple[float, int, int] | None = None
+
+    def begin(self, rows: int, decode_rows: int) -> float:
+        began = time.perf_counter()
+        self.running = (began, rows, decode_rows)
+        return began
 
     def observe(self, seconds: float, rows: int, decode_rows: int) -> None:
+        self.running = None
         if rows <= 0:
             return
         if rows > decode_rows:
@@ -144,6 +155,19 @@ class EngineSpeed:
         else:
             self.decode_s = _ewma(self.decode_s, seconds / rows, self.decode_steps)
             self.decode_steps += 1
+
+    def now(self) -> tuple[float, float]:
+        """(seconds per prefill row, seconds per decoded sequence), the running step's
+        time so far included."""
+        prefill, decode, running = self.prefill_s, self.decode_s, self.running
+        if running is not None:
+            began, rows, decode_rows = running
+            so_far = (time.perf_counter() - began) / max(1, rows)
+            if rows > decode_rows:
+                prefill = max(prefill, so_far)
+            else:
+                decode = max(decode, so_far)
+        return prefill, decode
 
 
 def _ewma(mean: float, sample: float, seen: int) -> float:
@@ -425,9 +449,10 @@ class Scheduler:
         chunks = self._add_prefill_chunks(batch)
         if batch.size == 0:
             return
-        began = time.perf_counter()
+        began = self.speed.begin(batch.size, len(decode_rows))
         rc = self._lib.llama_decode(self._ctx, batch.raw)
         if rc != 0:
+            self.speed.running = None
             self._decode_failed(rc)
             return
         self._stats.decode_steps += 1
@@ -589,6 +614,7 @@ class Scheduler:
             self._running.remove(job)
             self._reserved -= job.prepared.reserve
         job.finished = True
+        self._update_gauges()  # before the job's last event: its receiver may read them
 
     def _reap_cancelled_safely(self) -> None:
         try:
@@ -622,6 +648,7 @@ class Scheduler:
         self._fail_all(NcapError("the local engine failed while generating"))
 
     def _fail_all(self, error: NcapError) -> None:
+        self.speed.running = None
         for job in list(self._running):
             self._drop(job)
             job.sink([RequestFailed(error)])

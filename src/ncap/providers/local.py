@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -55,6 +55,7 @@ from ncap.streaming.sse import DONE, StreamEvent, encode_event
 __all__ = ["LocalProvider"]
 
 _encode = msgspec.json.Encoder().encode
+T = TypeVar("T")
 
 
 def settings_from_route(route: Route) -> EngineSettings:
@@ -102,11 +103,9 @@ class LocalProvider:
         params = legacy.params if legacy is not None else chat_params(body)
         async with engine.open(params) as stream:
             await stream.started.wait()  # queued: bounded by the engine's max_queue
-            try:
-                async with asyncio.timeout(self._budget(engine, stream)):
-                    done = await collect(stream)
-            except TimeoutError as exc:
-                raise await _timed_out(stream) from exc
+            budget = partial(self._budget, engine, stream)
+            started = asyncio.get_running_loop().time()
+            done = await _in_time(collect(stream), stream, started, budget)
         created, model = int(time.time()), self._model(body)
         payload: ChatCompletion | TextCompletion
         if legacy is not None:
@@ -176,6 +175,35 @@ async def _timed_out(stream: RequestStream, *, mid_stream: bool = False) -> Atte
     )
 
 
+async def _in_time(
+    work: Awaitable[T],
+    stream: RequestStream,
+    started: float,
+    budget: Callable[[], float],
+    *,
+    mid_stream: bool = False,
+) -> T:
+    """``work`` unless the request has run ``budget()`` seconds since ``started``.
+
+    The budget is read again whenever it runs out: a derived one follows the engine's
+    measured speed, so a request that a busier machine slowed down after its admission
+    keeps running while the engine says it needs longer."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            left = started + budget() - loop.time()
+            if left <= 0:
+                task.cancel()
+                await asyncio.wait({task})  # it stops reading the stream's events first
+                raise await _timed_out(stream, mid_stream=mid_stream)
+            await asyncio.wait({task}, timeout=left)
+    except BaseException:
+        task.cancel()
+        raise
+    return task.result()
+
+
 async def _events(
     stream: RequestStream,
     chunks: AsyncIterator[ChatCompletionChunk | TextCompletion],
@@ -185,14 +213,10 @@ async def _events(
     within ``budget()`` seconds of that; the usage chunk carries each choice's token
     count (``stream.finished``)."""
     await stream.started.wait()  # queued: bounded by the engine's max_queue
-    deadline = asyncio.get_running_loop().time() + budget()
+    started = asyncio.get_running_loop().time()
     source = aiter(chunks)
     while True:
-        try:
-            async with asyncio.timeout_at(deadline):
-                chunk = await anext(source, None)
-        except TimeoutError as exc:
-            raise await _timed_out(stream, mid_stream=True) from exc
+        chunk = await _in_time(anext(source, None), stream, started, budget, mid_stream=True)
         if chunk is None:
             break
         data = _encode(chunk)
