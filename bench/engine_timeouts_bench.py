@@ -7,7 +7,7 @@ gateway throughout.
    the embedded default (``default_config()``: its local route sets no ``timeout_s``, so
    each attempt's budget comes from its size and the engine's measured speed, charged
    from admission). Every one must answer 200; the ledger rows must all be settled.
-2. A route with ``timeout_s: 3`` and four sequences: request A (n=4, 1,000 tokens, no
+2. A route with ``timeout_s: 10`` and four sequences: request A (n=4, 1,000 tokens, no
    end token) times out; request B (n=4, streamed), sent while A holds every sequence,
    must be admitted as soon as A is cancelled: its first chunk arrives right after A's
    504, and A's ledger row is settled with finish reason ``cancelled``.
@@ -99,7 +99,9 @@ def loaded(count: int, tmp: str) -> dict[str, Any]:
 
 def timed_out(tmp: str) -> dict[str, Any]:
     """Part 2: a timed-out request frees its sequences for the queued one at once."""
-    config = with_stores(default_config(), tmp, timeout_s=3, retries=0, max_sequences=4, n_ctx=2048)
+    config = with_stores(
+        default_config(), tmp, timeout_s=10, retries=0, max_sequences=4, n_ctx=2048
+    )
     marks: dict[str, float] = {}
     with gateway(config) as server:
         client = openai.OpenAI(
@@ -123,17 +125,21 @@ def timed_out(tmp: str) -> dict[str, Any]:
         time.sleep(1.0)  # A holds all four sequences by now
         marks["b_sent"] = time.monotonic()
         stream = client.chat.completions.create(
-            model="smollm2", messages=PROMPT, n=4, max_tokens=8, seed=1, stream=True
+            model="smollm2", messages=PROMPT, n=4, max_tokens=4, seed=1, stream=True
         )
-        for _chunk in stream:
-            marks.setdefault("b_first", time.monotonic())
-        marks["b_done"] = time.monotonic()
+        try:
+            for _chunk in stream:
+                marks.setdefault("b_first", time.monotonic())
+            marks["b_done"] = time.monotonic()
+        except openai.APIError:  # B's own 10 s may run out on a loaded machine
+            marks["b_cut"] = time.monotonic()
         a.join()
         (row,) = asyncio.run(settled_rows(Path(tmp), request_id[0]))
     return {
         "a_status": marks.get("a_status"),
         "b_first_chunk_after_a_failed_s": round(marks["b_first"] - marks["a_failed"], 3),
         "b_waited_s": round(marks["b_first"] - marks["b_sent"], 2),
+        "b_completed": "b_done" in marks,
         "a_row": {
             "state": row.state,
             "finish_reasons": row.finish_reasons,
