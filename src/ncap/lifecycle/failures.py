@@ -58,6 +58,7 @@ FailureClass = Literal[
     "rate_limited",
     "slow_down",
     "overloaded",
+    "redirected",
     "request_rejected",
     "other_4xx",
     "error_answer",
@@ -101,6 +102,12 @@ def _relayed(f: AttemptFailed) -> NcapError:
     return InvalidRequest(f"Upstream: {err.message}", param=err.param, code=err.code)
 
 
+def _redirected(f: AttemptFailed) -> NcapError:
+    return UpstreamError(
+        f"The upstream answered with a redirect (status {f.status}), which is never followed."
+    )
+
+
 def _status(f: AttemptFailed) -> NcapError:
     return UpstreamError(f"The upstream answered with status {f.status}.")
 
@@ -113,12 +120,14 @@ TABLE: dict[FailureClass, tuple[AttemptOutcome, ClientError]] = {
     "rate_limited": ("rejected", _rate_limited),
     "slow_down": ("rejected", _slow_down),
     "overloaded": ("rejected", _overloaded),
+    # a 3xx: never followed (the credential and prompt would go to another origin)
+    "redirected": ("rejected", _redirected),
     "request_rejected": ("rejected", _relayed),  # 400/404/422
     "other_4xx": ("rejected", _status),
     "error_answer": ("unbilled_error", _status),  # the contract: error answers are unbilled
     "other_status": ("upstream_error", _status),
 }
-"""Failure class → (ledger outcome, client error). A refusal (429, 503, any 4xx) is an
+"""Failure class → (ledger outcome, client error). A refusal (3xx, 429, 503, any 4xx) is an
 attempt that generated nothing, and so is an error answer on an ``unbilled`` route;
 anything else may have."""
 
@@ -139,6 +148,8 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
 
 
 def _status_class(status: int, code: str | None) -> FailureClass:
+    if 300 <= status < 400:
+        return "redirected"
     if status == 429:
         return "rate_limited" if code == "rate_limit_exceeded" else "slow_down"
     if status == 503:

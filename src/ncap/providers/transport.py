@@ -5,6 +5,12 @@ context manager, ``mapped``, where they enter (``raise … from exc``).
 A provider gives the URL, its headers and ``failure_of``, which turns a non-200 answer
 into an ``AttemptFailed`` carrying that upstream's own error, normalized. Everything
 about the upstream's wire shapes stays in the provider.
+
+Redirects are never followed: the request carries the route's credential and the
+client's prompt, and a 3xx would re-send both to whatever origin the upstream names
+(aiohttp drops only ``Authorization`` and ``Cookie`` on a cross-origin hop, not an
+``x-goog-api-key`` or a route's own headers). A 3xx is the attempt's failure, whatever
+provider, before its ``failure_of`` reads it (``redirect_refused``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import aiohttp
 
 from ncap.providers.base import AttemptFailed
 
-__all__ = ["FailureOf", "HttpTransport", "mapped", "parse_retry_after"]
+__all__ = ["FailureOf", "HttpTransport", "mapped", "parse_retry_after", "redirect_refused"]
 
 FailureOf = Callable[[int, Mapping[str, str], bytes], AttemptFailed]
 """(status, response headers, body) of a non-200 answer → the attempt's failure."""
@@ -91,7 +97,9 @@ class HttpTransport:
         rid = None
         try:
             target = url or self.url
-            async with self._client().post(target, data=data, timeout=client_timeout) as resp:
+            async with self._client().post(
+                target, data=data, timeout=client_timeout, allow_redirects=False
+            ) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
                 rid = self.request_id(resp.headers)
@@ -118,7 +126,10 @@ class HttpTransport:
         )
         with mapped():
             resp = await asyncio.wait_for(
-                self._client().post(url or self.url, data=data, timeout=client_timeout), timeout
+                self._client().post(
+                    url or self.url, data=data, timeout=client_timeout, allow_redirects=False
+                ),
+                timeout,
             )
         try:
             if resp.status != 200:
@@ -134,11 +145,26 @@ class HttpTransport:
         return headers.get(self._request_id_header) if self._request_id_header else None
 
     def _failure(self, resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
+        if 300 <= resp.status < 400:
+            return redirect_refused(resp.status, self.request_id(resp.headers))
         return self._failure_of(resp.status, resp.headers, payload[:_MAX_ERROR_BODY])
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def redirect_refused(status: int, provider_request_id: str | None = None) -> AttemptFailed:
+    """A 3xx answer, not followed: the upstream generated nothing here, and the route's
+    own retry would be redirected again; another route of the chain may serve."""
+    return AttemptFailed(
+        "status",
+        status,
+        provider_request_id=provider_request_id,
+        detail="redirect not followed",
+        retry=False,
+        client_fault=False,
+    )
 
 
 @contextmanager

@@ -1,0 +1,198 @@
+"""Hostile upstreams against every outbound client of the gateway: the shared provider
+transport (OpenAI and Gemini routes, whole and streamed), ``ncap probe`` and the budget
+alert webhook. Each upstream is a real aiohttp server on a free port doing one bad
+thing; the client is the official ``openai`` SDK.
+
+Redirects: an upstream answering 3xx to another origin must get nothing re-sent there
+(not the route's credential, not its headers, not the prompt); the attempt fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+from aiohttp import web
+from typer.testing import CliRunner
+
+from ncap.auth import hash_key
+from ncap.cli.main import app as cli
+from ncap.config import Config
+from tests.hardening.hostile import Recorder, chat_completion, serve
+from tests.support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServerThread, gateway, gateway_config
+
+CLIENT_KEY = "sk-ncap-client-key-hostile-upstream"
+ROUTE_SECRET = "route-header-secret-7Qm"
+GEMINI_KEY_ENV = "NCAP_TEST_HOSTILE_GEMINI_KEY"
+GEMINI_KEY = "AIza-hostile-gemini-key-9x"
+PROMPT = "the-prompt-canary-J3k"
+MESSAGES: list[Any] = [{"role": "user", "content": PROMPT}]
+REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class Redirector:
+    """Answers every request with ``status`` to the same path on ``target``."""
+
+    def __init__(self) -> None:
+        self.status = 307
+        self.target = ""
+        self.hits = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.hits += 1
+        return web.Response(status=self.status, headers={"Location": self.target + request.path_qs})
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Iterator[tuple[Recorder, ServerThread]]:
+    rec = Recorder()
+    with serve(rec.handle) as server:
+        yield rec, server
+
+
+@pytest.fixture(scope="module")
+def redirector(recorder: tuple[Recorder, ServerThread]) -> Iterator[tuple[Redirector, str]]:
+    red = Redirector()
+    red.target = recorder[1].url  # another origin: another port
+    with serve(red.handle) as server:
+        yield red, server.url
+
+
+def _config(base: str, tmp: Path, **overrides: Any) -> Config:
+    """An OpenAI route and a Gemini route, both at ``base``; a client key."""
+    return gateway_config(
+        base + "/v1",
+        tmp,
+        keys=[{"hash": hash_key(CLIENT_KEY), "workload": "default"}],
+        routes={
+            "fake": {"retries": 0, "headers": {"x-route-secret": ROUTE_SECRET}},
+            "gem": {
+                "provider": "gemini",
+                "base_url": base + "/v1beta",
+                "upstream_model": "gemini-2.5-flash",
+                "api_key_env": GEMINI_KEY_ENV,
+                "retries": 0,
+                "headers": {"x-route-secret": ROUTE_SECRET},
+                "pricing": {"input_per_mtok": 0.3, "output_per_mtok": 2.5},
+            },
+        },
+        models={"fake-model": ["fake"], "gem-model": ["gem"]},
+        **overrides,
+    )
+
+
+@pytest.fixture(scope="module")
+def redirected_gw(
+    redirector: tuple[Redirector, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    mp.setenv(GEMINI_KEY_ENV, GEMINI_KEY)
+    with gateway(_config(redirector[1], tmp_path_factory.mktemp("redirect"))) as server:
+        yield server
+    mp.undo()
+
+
+def _client(gw: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", ["fake-model", "gem-model"])
+@pytest.mark.parametrize("status", REDIRECTS)
+def test_a_redirect_is_a_failed_attempt_and_nothing_reaches_its_target(
+    redirected_gw: ServerThread,
+    redirector: tuple[Redirector, str],
+    recorder: tuple[Recorder, ServerThread],
+    status: int,
+    model: str,
+    stream: bool,
+) -> None:
+    red, rec = redirector[0], recorder[0]
+    red.status, hits, rec.seen[:] = status, red.hits, []
+    with pytest.raises(openai.APIStatusError) as failed:
+        if stream:
+            for _ in _client(redirected_gw).chat.completions.create(
+                model=model, messages=MESSAGES, stream=True
+            ):
+                pass
+        else:
+            _client(redirected_gw).chat.completions.create(model=model, messages=MESSAGES)
+    assert failed.value.status_code == 502
+    assert "redirect" in failed.value.message
+    assert red.hits == hits + 1  # one attempt, not retried on the same route
+    assert rec.seen == []  # no credential, header or prompt re-sent to the other origin
+
+
+def test_a_redirect_falls_back_to_the_next_route(
+    redirector: tuple[Redirector, str],
+    recorder: tuple[Recorder, ServerThread],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A redirecting route is the route's fault, not the request's: the chain goes on."""
+    red, rec = redirector[0], recorder[0]
+    red.status, rec.seen[:] = 307, []
+    with serve(Recorder().handle) as honest:
+        config = _config(
+            redirector[1],
+            tmp_path,
+            routes={"honest": {"provider": "openai", "base_url": honest.url + "/v1"}},
+            models={"fake-model": ["fake", "honest"]},
+        )
+        with gateway(config) as gw:
+            reply = _client(gw).chat.completions.create(model="fake-model", messages=MESSAGES)
+    assert reply.choices[0].message.content == "ok"
+    assert rec.seen == []
+
+
+def test_probe_does_not_follow_a_redirect(
+    redirector: tuple[Redirector, str],
+    recorder: tuple[Recorder, ServerThread],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    red, rec = redirector[0], recorder[0]
+    red.status, rec.seen[:] = 307, []
+    monkeypatch.setenv(GEMINI_KEY_ENV, GEMINI_KEY)
+    path = tmp_path / "ncap.yaml"
+    config = _config(redirector[1], tmp_path)
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    for route in ("fake", "gem"):
+        result = CliRunner().invoke(cli, ["probe", route, "--dry-run", "--config", str(path)])
+        assert result.exit_code == 1, result.output  # inconclusive: nothing to record
+    assert red.hits >= 2
+    assert rec.seen == []
+
+
+def test_the_alert_webhook_does_not_follow_a_redirect(
+    redirector: tuple[Redirector, str], recorder: tuple[Recorder, ServerThread], tmp_path: Path
+) -> None:
+    red, rec = redirector[0], recorder[0]
+    red.status, rec.seen[:] = 307, []
+    hits = red.hits
+    with serve(Recorder().handle) as honest:
+        config = gateway_config(
+            honest.url + "/v1",
+            tmp_path,
+            workloads={"default": {"max_candidates": 1, "output_ceiling": 20, "usd_per_day": 1}},
+            routes={"fake": {"pricing": {"input_per_mtok": 0, "output_per_mtok": 1_000_000}}},
+            alerts={"webhook_url": redirector[1] + "/hook", "thresholds": [1], "retries": 0},
+        )
+        with gateway(config) as gw:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+            client.chat.completions.create(model="fake-model", messages=MESSAGES)
+            deadline = time.monotonic() + 10
+            while red.hits == hits and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # a followed redirect would have arrived by now
+    assert red.hits == hits + 1
+    assert rec.seen == []
+
