@@ -196,3 +196,99 @@ def test_the_alert_webhook_does_not_follow_a_redirect(
     assert red.hits == hits + 1
     assert rec.seen == []
 
+
+# --- an upstream that echoes the route's credential back ---
+
+SECRETS = (UPSTREAM_KEY, GEMINI_KEY, ROUTE_SECRET)
+
+
+def _credentials(request: web.Request) -> str:
+    names = ("Authorization", "x-goog-api-key", "x-route-secret")
+    return " ".join(request.headers[h] for h in names if h in request.headers)
+
+
+async def _echo(request: web.Request) -> web.StreamResponse:
+    """A 400 whose message, code, param and request id all repeat what the gateway sent."""
+    await request.read()
+    creds = _credentials(request)
+    rid = {"x-request-id": "req-" + creds.replace(" ", "-")}
+    if "generateContent" in request.path:
+        google = {"code": 400, "message": f"API key not valid: {creds}", "status": "INVALID_ARGUMENT"}
+        return web.json_response({"error": google}, status=400, headers=rid)
+    error = {
+        "message": f"Incorrect API key provided: {creds}",
+        "type": "invalid_request_error",
+        "param": creds,
+        "code": creds,
+    }
+    return web.json_response({"error": error}, status=400, headers=rid)
+
+
+async def _odd_ids(request: web.Request) -> web.StreamResponse:
+    """A 200 whose request id names the credential, or is 4000 characters long."""
+    await request.read()
+    if "long" in request.path:
+        rid = "r" * 4000
+    elif "odd" in request.path:
+        rid = "req<script>\u00e9"
+    else:
+        rid = "req-" + _credentials(request).replace(" ", "-")
+    return web.json_response(
+        chat_completion(),
+        headers={"x-request-id": rid},
+    )
+
+
+def _export(config: Config, tmp: Path) -> str:
+    path = tmp / "ncap.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    out = CliRunner().invoke(cli, ["ledger", "export", "--since", "1d", "--config", str(path)])
+    assert out.exit_code == 0, out.output
+    return out.stdout
+
+
+def _stored(tmp: Path) -> bytes:
+    """Every byte of the SQLite ledger and budgets (databases, WAL and SHM)."""
+    return b"".join(p.read_bytes() for p in tmp.glob("*.db*"))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", ["fake-model", "gem-model"])
+def test_an_echoed_credential_reaches_neither_client_nor_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, stream: bool
+) -> None:
+    monkeypatch.setenv(GEMINI_KEY_ENV, GEMINI_KEY)
+    with serve(_echo) as echo:
+        config = _config(echo.url, tmp_path)
+        with gateway(config) as gw:
+            with pytest.raises(openai.BadRequestError) as failed:
+                reply = _client(gw).chat.completions.create(
+                    model=model, messages=MESSAGES, stream=stream
+                )
+                for _ in reply if stream else ():
+                    pass
+    text = failed.value.response.text
+    assert "API key" in text  # the upstream's message is still relayed, scrubbed
+    assert "[redacted]" in text
+    exported = _export(config, tmp_path)
+    rows = [json.loads(line) for line in exported.splitlines()]
+    assert rows and all(r["provider_request_id"] is None for r in rows)
+    for secret in SECRETS:
+        assert secret not in text
+        assert secret not in exported
+        assert secret.encode() not in _stored(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["credential", "long", "odd"])
+def test_request_ids_are_bounded_in_length_and_alphabet(
+    tmp_path: Path, kind: str
+) -> None:
+    with serve(_odd_ids) as odd:
+        config = _config(odd.url + "/" + kind, tmp_path)
+        with gateway(config) as gw:
+            reply = _client(gw).chat.completions.create(model="fake-model", messages=MESSAGES)
+    assert reply.choices[0].message.content == "ok"
+    rows = [json.loads(line) for line in _export(config, tmp_path).splitlines()]
+    # the answer's own body id is the fallback; the header's id was not plausible
+    assert [r["provider_request_id"] for r in rows] == ["chatcmpl-hostile"]
+    assert UPSTREAM_KEY.encode() not in _stored(tmp_path)

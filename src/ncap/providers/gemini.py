@@ -78,7 +78,7 @@ class GeminiProvider:
         payload, headers = await self._transport.post(data, timeout=timeout)
         try:
             resp = decode_response(payload)
-            rid = resp.response_id or headers.get("x-request-id")
+            rid = self._transport.scrub_id(resp.response_id or headers.get("x-request-id"))
             completion = to_chat_completion(
                 resp,
                 completion_id=_completion_id(rid),
@@ -87,7 +87,7 @@ class GeminiProvider:
                 provider_request_id=rid,
             )
         except GeminiError as exc:
-            raise as_attempt_failed(exc) from exc
+            raise self._transport.scrub(as_attempt_failed(exc)) from exc
         return UpstreamResult(200, _encode(completion), summarize(completion), rid)
 
     @asynccontextmanager
@@ -98,11 +98,11 @@ class GeminiProvider:
         async with self._transport.open(data, timeout=timeout, url=self._stream_url) as resp:
             payloads = aiter(iter_data(resp.content))
             first = await _first(payloads)
-            rid = _response_id(first)
+            rid = self._transport.scrub_id(_response_id(first))
             translator = GeminiStream(
                 completion_id=_completion_id(rid), created=int(time.time()), model=self.model
             )
-            yield rid, _events(translator, first, payloads)
+            yield rid, _events(translator, first, payloads, self._transport)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
@@ -166,7 +166,10 @@ async def _first(payloads: AsyncIterator[bytes]) -> bytes | None:
 
 
 async def _events(
-    translator: GeminiStream, first: bytes | None, payloads: AsyncIterator[bytes]
+    translator: GeminiStream,
+    first: bytes | None,
+    payloads: AsyncIterator[bytes],
+    transport: HttpTransport,
 ) -> AsyncIterator[StreamEvent]:
     """Gemini payloads → OpenAI events. A failure before anything was yielded is the
     attempt's (retryable, unrelayed); after that, a cut of a partly relayed stream."""
@@ -176,7 +179,7 @@ async def _events(
         try:
             events = translator.events(data)
         except GeminiError as exc:
-            raise as_attempt_failed(exc, partial=relayed) from exc
+            raise transport.scrub(as_attempt_failed(exc, partial=relayed)) from exc
         for event in events:
             relayed = True
             yield event

@@ -72,7 +72,7 @@ class OpenAIProvider:
             raise AttemptFailed(
                 "protocol", 200, provider_request_id=request_id, detail=str(exc)
             ) from exc
-        return UpstreamResult(200, payload, summary, request_id or summary.id)
+        return UpstreamResult(200, payload, summary, request_id or transport.scrub_id(summary.id))
 
     @asynccontextmanager
     async def stream(

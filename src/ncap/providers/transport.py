@@ -11,6 +11,11 @@ client's prompt, and a 3xx would re-send both to whatever origin the upstream na
 (aiohttp drops only ``Authorization`` and ``Cookie`` on a cross-origin hop, not an
 ``x-goog-api-key`` or a route's own headers). A 3xx is the attempt's failure, whatever
 provider, before its ``failure_of`` reads it (``redirect_refused``).
+
+An upstream's words are untrusted: every failure ``failure_of`` builds is scrubbed of
+the route's own secrets (the credential and header values this transport sends) before
+the lifecycle relays it or the ledger stores its request id (``scrub``), and request ids
+are bounded in length and alphabet (``ncap.redact``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from contextlib import asynccontextmanager, contextmanager
 
 import aiohttp
 
-from ncap.providers.base import AttemptFailed
+from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
+from ncap.redact import Redactor
 
 __all__ = ["FailureOf", "HttpTransport", "mapped", "parse_retry_after", "redirect_refused"]
 
@@ -65,6 +71,9 @@ class HttpTransport:
         self._connect_timeout = connect_timeout_s
         self._limit = max_connections
         self._failure_of = failure_of
+        self._redactor = Redactor(
+            v for k, v in self._headers.items() if k.lower() != "content-type"
+        )
         self._session: aiohttp.ClientSession | None = None
         self._whole_timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
@@ -141,13 +150,39 @@ class HttpTransport:
             resp.close()
 
     def request_id(self, headers: Mapping[str, str]) -> str | None:
-        """The upstream's id of this request, from the header the provider named."""
-        return headers.get(self._request_id_header) if self._request_id_header else None
+        """The upstream's id of this request, from the header the provider named
+        (bounded, and never one that names the route's secrets)."""
+        if not self._request_id_header:
+            return None
+        return self._redactor.request_id(headers.get(self._request_id_header))
+
+    def scrub_id(self, value: str | None) -> str | None:
+        """Any id the upstream sent (a body's ``id``, Gemini's ``responseId``), bounded."""
+        return self._redactor.request_id(value)
+
+    def scrub(self, failure: AttemptFailed) -> AttemptFailed:
+        """``failure`` without the route's secrets in anything relayed or stored."""
+        red = self._redactor
+        if failure.error is not None:
+            err = failure.error
+            failure.error = UpstreamErrorDetail(
+                red.text(err.message), code=red.optional(err.code), param=red.optional(err.param)
+            )
+        failure.detail = red.text(failure.detail)
+        failure.provider_request_id = red.request_id(failure.provider_request_id)
+        if failure.client is not None:
+            client = failure.client
+            client.message = red.text(client.message)
+            client.args = (client.message,)
+            client.param = red.optional(client.param)
+            if client.code is not None:
+                client.code = red.text(client.code)  # type: ignore[misc]
+        return failure
 
     def _failure(self, resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
         if 300 <= resp.status < 400:
             return redirect_refused(resp.status, self.request_id(resp.headers))
-        return self._failure_of(resp.status, resp.headers, payload[:_MAX_ERROR_BODY])
+        return self.scrub(self._failure_of(resp.status, resp.headers, payload[:_MAX_ERROR_BODY]))
 
     async def aclose(self) -> None:
         if self._session is not None:
