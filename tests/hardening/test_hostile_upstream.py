@@ -65,7 +65,13 @@ def redirector(recorder: tuple[Recorder, ServerThread]) -> Iterator[tuple[Redire
         yield red, server.url
 
 
-def _config(base: str, tmp: Path, **overrides: Any) -> Config:
+def _config(
+    base: str,
+    tmp: Path,
+    routes: dict[str, Any] | None = None,
+    models: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> Config:
     """An OpenAI route and a Gemini route, both at ``base``; a client key."""
     return gateway_config(
         base + "/v1",
@@ -82,8 +88,9 @@ def _config(base: str, tmp: Path, **overrides: Any) -> Config:
                 "headers": {"x-route-secret": ROUTE_SECRET},
                 "pricing": {"input_per_mtok": 0.3, "output_per_mtok": 2.5},
             },
+            **(routes or {}),
         },
-        models={"fake-model": ["fake"], "gem-model": ["gem"]},
+        models={"fake-model": ["fake"], "gem-model": ["gem"], **(models or {})},
         **overrides,
     )
 
@@ -183,7 +190,7 @@ def test_the_alert_webhook_does_not_follow_a_redirect(
             honest.url + "/v1",
             tmp_path,
             workloads={"default": {"max_candidates": 1, "output_ceiling": 20, "usd_per_day": 1}},
-            routes={"fake": {"pricing": {"input_per_mtok": 0, "output_per_mtok": 1_000_000}}},
+            routes={"fake": {"pricing": {"input_per_mtok": 0, "output_per_mtok": 20_000}}},
             alerts={"webhook_url": redirector[1] + "/hook", "thresholds": [1], "retries": 0},
         )
         with gateway(config) as gw:
@@ -212,7 +219,7 @@ async def _echo(request: web.Request) -> web.StreamResponse:
     await request.read()
     creds = _credentials(request)
     rid = {"x-request-id": "req-" + creds.replace(" ", "-")}
-    if "generateContent" in request.path:
+    if "generatecontent" in request.path.lower():  # Gemini's generate and stream methods
         google = {"code": 400, "message": f"API key not valid: {creds}", "status": "INVALID_ARGUMENT"}
         return web.json_response({"error": google}, status=400, headers=rid)
     error = {
