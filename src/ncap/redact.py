@@ -20,7 +20,7 @@ __all__ = ["MAX_ID_LENGTH", "REDACTED", "Redactor", "bounded_id"]
 REDACTED = "[redacted]"
 MAX_ID_LENGTH = 128
 # the characters real upstream ids use (req_…, chatcmpl-…, base64url response ids)
-_ID = re.compile(r"[A-Za-z0-9._:/+=\-]{1,%d}" % MAX_ID_LENGTH)
+_ID = re.compile(rf"[A-Za-z0-9._:/+=\-]{{1,{MAX_ID_LENGTH}}}")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s\"',;]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 # shorter header values are not credentials ("true", "v1") and redacting them would

@@ -67,7 +67,11 @@ def chat_chunk(content: str, *, finish: str | None = None) -> dict[str, Any]:
 def gemini_answer(text: str = "ok") -> dict[str, Any]:
     return {
         "candidates": [
-            {"index": 0, "content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP"}
+            {
+                "index": 0,
+                "content": {"role": "model", "parts": [{"text": text}]},
+                "finishReason": "STOP",
+            }
         ],
         "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 1, "totalTokenCount": 4},
         "responseId": "hostile",
@@ -101,7 +105,9 @@ class Recorder:
         return web.json_response(chat_completion())
 
 
-async def _sse(request: web.Request, events: list[dict[str, Any]], *, done: bool = True) -> web.StreamResponse:
+async def _sse(
+    request: web.Request, events: list[dict[str, Any]], *, done: bool = True
+) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     for event in events:

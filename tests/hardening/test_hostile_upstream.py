@@ -220,7 +220,11 @@ async def _echo(request: web.Request) -> web.StreamResponse:
     creds = _credentials(request)
     rid = {"x-request-id": "req-" + creds.replace(" ", "-")}
     if "generatecontent" in request.path.lower():  # Gemini's generate and stream methods
-        google = {"code": 400, "message": f"API key not valid: {creds}", "status": "INVALID_ARGUMENT"}
+        google = {
+            "code": 400,
+            "message": f"API key not valid: {creds}",
+            "status": "INVALID_ARGUMENT",
+        }
         return web.json_response({"error": google}, status=400, headers=rid)
     error = {
         "message": f"Incorrect API key provided: {creds}",
@@ -267,13 +271,12 @@ def test_an_echoed_credential_reaches_neither_client_nor_ledger(
     monkeypatch.setenv(GEMINI_KEY_ENV, GEMINI_KEY)
     with serve(_echo) as echo:
         config = _config(echo.url, tmp_path)
-        with gateway(config) as gw:
-            with pytest.raises(openai.BadRequestError) as failed:
-                reply = _client(gw).chat.completions.create(
-                    model=model, messages=MESSAGES, stream=stream
-                )
-                for _ in reply if stream else ():
-                    pass
+        with gateway(config) as gw, pytest.raises(openai.BadRequestError) as failed:
+            reply = _client(gw).chat.completions.create(
+                model=model, messages=MESSAGES, stream=stream
+            )
+            for _ in reply if stream else ():
+                pass
     text = failed.value.response.text
     assert "API key" in text  # the upstream's message is still relayed, scrubbed
     assert "[redacted]" in text
@@ -287,9 +290,7 @@ def test_an_echoed_credential_reaches_neither_client_nor_ledger(
 
 
 @pytest.mark.parametrize("kind", ["credential", "long", "odd"])
-def test_request_ids_are_bounded_in_length_and_alphabet(
-    tmp_path: Path, kind: str
-) -> None:
+def test_request_ids_are_bounded_in_length_and_alphabet(tmp_path: Path, kind: str) -> None:
     with serve(_odd_ids) as odd:
         config = _config(odd.url + "/" + kind, tmp_path)
         with gateway(config) as gw:
