@@ -136,6 +136,9 @@ class Limits(_Model):
     # and a streamed answer's client must take each chunk within the other
     body_timeout_s: float = Field(30, gt=0)
     stream_write_timeout_s: float = Field(30, gt=0)
+    # the most bytes read of one upstream answer, for routes without their own
+    # ``max_answer_bytes``; None: derived per request from n x its output ceiling
+    max_upstream_answer_bytes: int | None = Field(None, ge=1024)
 
 
 class KeyEntry(_Model):
@@ -239,6 +242,10 @@ class Route(_Model):
     # static headers sent upstream on every attempt (e.g. an organisation id); never
     # the client's own headers, which are not forwarded
     headers: dict[str, str] = {}
+    # the most bytes read of one answer (decompressed; a stream's bytes in all); past it
+    # the attempt fails with a 502. None: ``limits.max_upstream_answer_bytes``, else
+    # 1 MiB + 4 KiB per token the request allows (n x its output ceiling)
+    max_answer_bytes: int | None = Field(None, ge=1024)
     pricing: Pricing = Pricing()
     contract: Contract = Contract()
     # provider: local
@@ -345,6 +352,25 @@ class Config(_Model):
     reports: Reports = Reports()
     observability: Observability = Observability()
     alerts: BudgetAlerts = BudgetAlerts()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _answer_bound(cls, data: Any) -> Any:
+        """``limits.max_upstream_answer_bytes`` is every route's ``max_answer_bytes``
+        unless the route sets its own (a provider only sees its route)."""
+        if not isinstance(data, Mapping):
+            return data
+        limits, routes = data.get("limits"), data.get("routes")
+        bound = limits.get("max_upstream_answer_bytes") if isinstance(limits, Mapping) else None
+        if bound is None or not isinstance(routes, Mapping):
+            return data
+        filled = {
+            rid: {**r, "max_answer_bytes": bound}
+            if isinstance(r, Mapping) and r.get("max_answer_bytes") is None
+            else r
+            for rid, r in routes.items()
+        }
+        return {**data, "routes": filled}
 
     @model_validator(mode="after")
     def _references(self) -> Config:

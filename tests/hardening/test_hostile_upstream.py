@@ -9,6 +9,7 @@ Redirects: an upstream answering 3xx to another origin must get nothing re-sent 
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from typer.testing import CliRunner
 from ncap.auth import hash_key
 from ncap.cli.main import app as cli
 from ncap.config import Config
-from tests.hardening.hostile import Recorder, chat_completion, serve
+from tests.hardening.hostile import Recorder, chat_chunk, chat_completion, serve
 from tests.support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServerThread, gateway, gateway_config
 
 CLIENT_KEY = "sk-ncap-client-key-hostile-upstream"
@@ -300,3 +301,119 @@ def test_request_ids_are_bounded_in_length_and_alphabet(tmp_path: Path, kind: st
     # the answer's own body id is the fallback; the header's id was not plausible
     assert [r["provider_request_id"] for r in rows] == ["chatcmpl-hostile"]
     assert UPSTREAM_KEY.encode() not in _stored(tmp_path)
+
+
+# --- an upstream that floods: answers far larger than any request could ask for ---
+
+MIB = 1 << 20
+
+
+class Flood:
+    """Answers 200 with ``size`` bytes (a JSON completion, an SSE stream, or a gzip bomb),
+    chunked, and counts what it managed to send before the gateway hung up."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read() or b"{}")
+        kind = request.path.split("/")[1]
+        size = 64 * MIB
+        if kind == "bomb":  # 64 MiB of JSON, about 64 KiB on the wire
+            raw = json.dumps(chat_completion(content="a" * size)).encode()
+            payload = gzip.compress(raw, 9)
+            return web.Response(
+                body=payload,
+                headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+            )
+        if kind == "declared":  # says its size up front
+            return web.Response(body=b" " * (8 * MIB), content_type="application/json")
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream" if body.get("stream") else "application/json"
+            }
+        )
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        piece = (
+            b"data: " + json.dumps(chat_chunk("x" * 4000)).encode() + b"\n\n"
+            if body.get("stream")
+            else b'{"id": "chatcmpl-flood", "choices": [], "padding": "' + b"x" * 65536
+        )
+        try:
+            while self.sent < size:
+                await resp.write(piece)
+                self.sent += len(piece)
+        except (ConnectionError, RuntimeError):
+            pass  # the gateway hung up: what this test wants
+        return resp
+
+
+@pytest.fixture
+def flood() -> Iterator[tuple[Flood, str]]:
+    f = Flood()
+    with serve(f.handle) as server:
+        yield f, server.url
+
+
+# the default bound of a request with n=1 and the workload's 256-token ceiling
+DEFAULT_BOUND = 1 * MIB + 256 * 4096
+
+
+@pytest.mark.parametrize("kind", ["chunked", "bomb", "declared"])
+def test_a_flooding_answer_is_a_502_not_read_whole(
+    flood: tuple[Flood, str], tmp_path: Path, kind: str
+) -> None:
+    config = _config(flood[1] + "/" + kind, tmp_path)
+    with gateway(config) as gw, pytest.raises(openai.APIStatusError) as failed:
+        _client(gw).chat.completions.create(model="fake-model", messages=MESSAGES)
+    assert failed.value.status_code == 502
+    assert f"more than {DEFAULT_BOUND} bytes" in failed.value.message
+    assert flood[0].sent < DEFAULT_BOUND + 8 * MIB  # socket buffers aside, it stopped reading
+    rows = [json.loads(line) for line in _export(config, tmp_path).splitlines()]
+    # it generated (and may bill) what it sent: held for reconciliation
+    assert [r["state"] for r in rows] == ["usage_reconciliation_required"]
+
+
+def test_a_flooding_stream_is_cut_at_its_bound(flood: tuple[Flood, str], tmp_path: Path) -> None:
+    """A stream's bytes count in all (relayed ones too): past the bound, an error event."""
+    config = _config(flood[1] + "/chunked", tmp_path)
+    relayed = 0
+    with gateway(config) as gw, pytest.raises(openai.APIError) as failed:
+        for chunk in _client(gw).chat.completions.create(
+            model="fake-model", messages=MESSAGES, stream=True
+        ):
+            relayed += len(chunk.choices[0].delta.content or "")
+    assert "stream failed" in failed.value.message
+    assert 0 < relayed <= DEFAULT_BOUND
+    assert flood[0].sent < DEFAULT_BOUND + 8 * MIB
+
+
+def test_the_bound_is_configurable_per_route_and_globally(
+    flood: tuple[Flood, str], tmp_path: Path
+) -> None:
+    config = _config(
+        flood[1] + "/chunked",
+        tmp_path,
+        routes={"fake": {"max_answer_bytes": 200_000}},
+        limits={"max_upstream_answer_bytes": 100_000},
+    )
+    assert config.routes["fake"].max_answer_bytes == 200_000  # the route's own wins
+    assert config.routes["gem"].max_answer_bytes == 100_000  # the global one elsewhere
+    with gateway(config) as gw, pytest.raises(openai.APIStatusError) as failed:
+        _client(gw).chat.completions.create(model="fake-model", messages=MESSAGES)
+    assert "more than 200000 bytes" in failed.value.message
+
+
+def test_an_answer_within_its_bound_is_served(tmp_path: Path) -> None:
+    """n=4 with 256 tokens each: 4 MiB + 1 MiB allowed, a 3 MiB answer goes through."""
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response(chat_completion(n=4, content="y" * (768 * 1024)))
+
+    with serve(big) as server, gateway(_config(server.url, tmp_path)) as gw:
+        reply = _client(gw).chat.completions.create(
+            model="fake-model", messages=MESSAGES, n=4, temperature=1
+        )
+    assert [len(c.message.content or "") for c in reply.choices] == [768 * 1024] * 4

@@ -55,6 +55,7 @@ FailureClass = Literal[
     "refused",
     "connection",
     "unreadable",
+    "oversized",
     "rate_limited",
     "slow_down",
     "overloaded",
@@ -74,6 +75,10 @@ def _timeout(_: AttemptFailed) -> NcapError:
 
 def _failed(_: AttemptFailed) -> NcapError:
     return UpstreamError("The upstream failed to answer.")
+
+
+def _oversized(f: AttemptFailed) -> NcapError:
+    return UpstreamError(f"The upstream's answer was larger than the gateway reads ({f.detail}).")
 
 
 def _rate_limited(f: AttemptFailed) -> NcapError:
@@ -117,6 +122,8 @@ TABLE: dict[FailureClass, tuple[AttemptOutcome, ClientError]] = {
     "refused": ("rejected", _failed),  # never left: nothing was generated or billed
     "connection": ("connection_error", _failed),
     "unreadable": ("upstream_error", _failed),  # a malformed answer, or no status
+    # past the route's answer bound: it generated (and may bill) what it sent
+    "oversized": ("upstream_error", _oversized),
     "rate_limited": ("rejected", _rate_limited),
     "slow_down": ("rejected", _slow_down),
     "overloaded": ("rejected", _overloaded),
@@ -139,6 +146,8 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
         return "timeout"
     if f.kind == "connection":
         return "connection" if f.dispatched else "refused"
+    if f.kind == "oversized":
+        return "oversized"
     if f.kind == "protocol" or f.status is None:
         return "unreadable"
     cls = _status_class(f.status, f.error.code if f.error is not None else None)

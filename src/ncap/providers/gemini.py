@@ -43,7 +43,7 @@ from ncap.providers.openai_gemini import (
     to_gemini_request,
     translate_error,
 )
-from ncap.providers.transport import HttpTransport, mapped
+from ncap.providers.transport import HttpTransport, answer_limit, bounded, mapped
 from ncap.streaming.sse import StreamEvent
 from ncap.streaming.sse_data import iter_data
 
@@ -65,6 +65,7 @@ class GeminiProvider:
         assert route.upstream_model is not None  # config.Route requires it for gemini
         self.route_id = route_id
         self.model = route.upstream_model
+        self._max_answer = route.max_answer_bytes
         base = (route.base_url or DEFAULT_BASE_URL).rstrip("/") + f"/models/{self.model}"
         self._replay = _SKIP_SIGNATURE if _GEMINI_3.match(self.model) else None
         headers = _headers(route, route_id)
@@ -75,7 +76,8 @@ class GeminiProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         data = self._request(body, kind)
-        payload, headers = await self._transport.post(data, timeout=timeout)
+        limit = answer_limit(body, self._max_answer)
+        payload, headers = await self._transport.post(data, timeout=timeout, limit=limit)
         try:
             resp = decode_response(payload)
             rid = self._transport.scrub_id(resp.response_id or headers.get("x-request-id"))
@@ -96,7 +98,8 @@ class GeminiProvider:
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         data = self._request(body, kind)
         async with self._transport.open(data, timeout=timeout, url=self._stream_url) as resp:
-            payloads = aiter(iter_data(resp.content))
+            limit = answer_limit(body, self._max_answer)
+            payloads = aiter(iter_data(bounded(resp.content, limit)))
             first = await _first(payloads)
             rid = self._transport.scrub_id(_response_id(first))
             translator = GeminiStream(
