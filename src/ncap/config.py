@@ -10,6 +10,7 @@ fix files faster from a full list.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import re
 import types
@@ -141,12 +142,36 @@ class Limits(_Model):
     max_upstream_answer_bytes: int | None = Field(None, ge=1024)
 
 
+# strings people put in an example or a first test: their SHA-256 is no secret, and a
+# key that hashes to one would let anyone in (an example config's "placeholders" once did)
+_WELL_KNOWN_KEYS = (
+    *("", "test", "test1", "test2", "test123", "testing", "password", "passw0rd", "secret"),
+    *("changeme", "change-me", "admin", "root", "key", "apikey", "api-key", "api_key"),
+    *("sk-test", "sk-xxx", "sk-...", "token", "1234", "12345", "123456", "12345678"),
+    *("letmein", "example", "placeholder", "your-api-key", "YOUR_API_KEY", "YOUR_KEY"),
+    *("your-key", "ncap", "demo", "default", "foo", "bar", "qwerty", "dev", "local"),
+)
+WEAK_KEY_HASHES = frozenset(
+    "sha256:" + hashlib.sha256(k.encode()).hexdigest() for k in _WELL_KNOWN_KEYS
+)
+
+
 class KeyEntry(_Model):
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     workload: str
     environment: str = "production"
     label: str | None = None  # a name for `ncap keys list` / `ncap keys revoke`
     created: datetime | None = None
+
+    @field_validator("hash")
+    @classmethod
+    def _not_well_known(cls, v: str) -> str:
+        if v in WEAK_KEY_HASHES:
+            raise ValueError(
+                "this is the SHA-256 of a well-known string (such as 'test' or 'password'): "
+                "anyone could send it as a key; create one with `ncap keys create`"
+            )
+        return v
 
 
 class Workload(_Model):
