@@ -86,6 +86,13 @@ class Server(_Model):
     # (off: a repeat gets 409 naming the first request)
     idempotency_ttl_s: float = Field(86400.0, gt=0)
     idempotency_keep_answers: bool = False
+    # the dashboard's session cookie: Secure always (true: behind a TLS-terminating
+    # proxy, where the gateway itself sees plain HTTP), never (false), or as the
+    # connection is (null)
+    secure_cookies: bool | None = None
+    # failed admin authentications (a wrong admin key, a forged or ended session) per
+    # client address and minute; past it every admin attempt from there gets 429
+    admin_auth_failures_per_minute: int = Field(10, ge=1)
 
     @property
     def is_loopback(self) -> bool:

@@ -7,7 +7,10 @@ applies and ``httpx`` for what the SDK cannot send (forms, cookies, raw headers)
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,9 @@ import yaml
 from ncap.auth import hash_key
 from ncap.config import parse_config
 from ncap.errors import ConfigError
-from tests.support import gateway
+from ncap.http.app import create_app
+from ncap.testing.fake_upstream import FakeState
+from tests.support import gateway, gateway_config
 
 DOCS = Path(__file__).parents[2] / "docs"
 
@@ -63,3 +68,129 @@ def test_the_documented_example_lets_no_key_in(tmp_path: Path) -> None:
         for key in ("test", "test2", "password", "sha256:" + "0" * 64):
             r = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 401, (key, r.text)
+
+
+# --- the admin key, its sessions and guesses at it ---
+
+ADMIN_ENV = "NCAP_TEST_HOSTILE_ADMIN_KEY"
+ADMIN_KEY = "hostile-suite-admin-key-" + "x" * 12
+CLIENT_KEY = "sk-ncap-hostile-client-key"
+
+
+def _admin_config(upstream: str, tmp: Path, **server: Any) -> Any:
+    return gateway_config(
+        upstream,
+        tmp,
+        keys=[{"hash": hash_key(CLIENT_KEY), "workload": "default"}],
+        server={"admin_key_env": ADMIN_ENV, **server},
+    )
+
+
+@pytest.fixture
+def admin_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(ADMIN_ENV, ADMIN_KEY)
+    return ADMIN_KEY
+
+
+@pytest.mark.parametrize("short", ["k", "admin", "nineteen-characters"])
+def test_a_short_admin_key_refuses_the_start(
+    short: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ADMIN_ENV, short)
+    with pytest.raises(ConfigError) as refused:
+        create_app(_admin_config("http://127.0.0.1:9/v1", tmp_path))
+    assert f"has {len(short)} characters; at least 20" in str(refused.value)
+
+
+def test_a_short_admin_key_makes_serve_refuse(tmp_path: Path) -> None:
+    path = tmp_path / "ncap.yaml"
+    config = _admin_config("http://127.0.0.1:9/v1", tmp_path)
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    env = {**os.environ, ADMIN_ENV: "k"}
+    out = subprocess.run(
+        [sys.executable, "-m", "ncap.cli.main", "serve", "--config", str(path), "--port", "0"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "refusing to start" in out.stderr and "at least 20" in out.stderr
+
+
+@pytest.mark.parametrize("path", ["/admin/keys", "/dashboard/report.json", "/dashboard/login"])
+def test_failed_admin_attempts_are_throttled(
+    path: str, fake: tuple[str, FakeState], tmp_path: Path, admin_env: str
+) -> None:
+    """300 guesses answered in a few seconds once; now the 11th wrong guess within a
+    minute gets 429 with Retry-After, and so does the right key from that address."""
+    with gateway(_admin_config(fake[0], tmp_path)) as gw:
+        statuses = []
+        for i in range(15):
+            guess = f"guess-number-{i:04d}-of-the-admin-key"
+            if path == "/dashboard/login":
+                r = httpx.post(gw.url + path, data={"key": guess})
+            else:
+                r = httpx.get(gw.url + path, headers={"Authorization": f"Bearer {guess}"})
+            statuses.append(r.status_code)
+        assert statuses == [403] * 10 + [429] * 5
+        assert int(r.headers["Retry-After"]) >= 1
+        right = httpx.get(gw.url + "/admin/keys", headers={"Authorization": f"Bearer {admin_env}"})
+        assert right.status_code == 429
+        assert right.json()["error"]["code"] == "rate_limit_exceeded"
+        # the client API is not throttled by failed admin attempts
+        models = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        assert models.status_code == 200
+
+
+def _sign_in(url: str, key: str) -> str:
+    r = httpx.post(url + "/dashboard/login", data={"key": key})
+    assert r.status_code == 303, r.text
+    return r.cookies["ncap_dashboard"]
+
+
+def test_signing_out_ends_the_session_on_every_gateway(
+    fake: tuple[str, FakeState], tmp_path: Path, admin_env: str
+) -> None:
+    config = _admin_config(fake[0], tmp_path)
+    with gateway(config) as gw:
+        old = _sign_in(gw.url, admin_env)
+        kept = _sign_in(gw.url, admin_env)  # another browser of the same admin
+        cookies = {"ncap_dashboard": old}
+        assert httpx.get(gw.url + "/dashboard/report.json", cookies=cookies).status_code == 200
+        r = httpx.post(gw.url + "/dashboard/logout", cookies=cookies)
+        assert r.status_code == 303
+        for cookie in (old, kept):  # a copy of the cookie kept by an attacker, too
+            r = httpx.get(gw.url + "/dashboard/report.json", cookies={"ncap_dashboard": cookie})
+            assert r.status_code == 401, r.text
+        fresh = _sign_in(gw.url, admin_env)
+        r = httpx.get(gw.url + "/dashboard/report.json", cookies={"ncap_dashboard": fresh})
+        assert r.status_code == 200
+    with gateway(config) as again:  # a restart (or a replica on the same ledger)
+        stale = httpx.get(again.url + "/dashboard/report.json", cookies={"ncap_dashboard": old})
+        assert stale.status_code == 401
+        ok = httpx.get(again.url + "/dashboard/report.json", cookies={"ncap_dashboard": fresh})
+        assert ok.status_code == 200
+    audit = [e for e in _admin_audit(config, admin_env) if e["kind"] == "session"]
+    assert [(e["action"], e["actor"]) for e in audit] == [("revoke", "dashboard")]
+
+
+def _admin_audit(config: Any, key: str) -> list[dict[str, Any]]:
+    with gateway(config) as gw:
+        r = httpx.get(gw.url + "/admin/audit", headers={"Authorization": f"Bearer {key}"})
+    data: list[dict[str, Any]] = r.json()["data"]
+    return data
+
+
+@pytest.mark.parametrize(("setting", "secure"), [(True, True), (False, False), (None, False)])
+def test_the_secure_cookie_flag_is_a_config_switch(
+    setting: bool | None, secure: bool, fake: tuple[str, FakeState], tmp_path: Path, admin_env: str
+) -> None:
+    """Behind a TLS-terminating proxy the gateway sees plain HTTP: ``secure_cookies:
+    true`` sets ``Secure`` anyway; unset, it follows the connection (plain here)."""
+    with gateway(_admin_config(fake[0], tmp_path, secure_cookies=setting)) as gw:
+        r = httpx.post(gw.url + "/dashboard/login", data={"key": admin_env})
+    assert r.status_code == 303
+    flags = [f.strip().lower() for f in r.headers["set-cookie"].split(";")]
+    assert ("secure" in flags) is secure
+    assert "httponly" in flags and "samesite=strict" in flags

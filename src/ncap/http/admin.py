@@ -44,6 +44,7 @@ from ncap.errors import (
     InvalidValue,
     MissingParameter,
     NotFound,
+    RateLimitExceeded,
 )
 from ncap.http.dashboard import admin_refusal
 from ncap.http.limits import body_deadline, read_limited
@@ -138,8 +139,9 @@ def _admin(request: web.Request) -> str:
     """The actor of an admin request; 401/403 unless it carries the admin key."""
     refused = admin_refusal(request, cookie=False)
     if refused is not None:
-        status, message = refused
-        raise (InvalidApiKey if status == 401 else Forbidden)(message)
+        if refused.status == 429:
+            raise RateLimitExceeded(refused.message, retry_after=refused.retry_after)
+        raise (InvalidApiKey if refused.status == 401 else Forbidden)(refused.message)
     actor = request.headers.get("X-Ncap-Actor", "admin").strip()
     if not _ACTOR.match(actor):
         raise InvalidValue(

@@ -16,6 +16,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -34,7 +35,7 @@ from ncap.errors import (
 )
 from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
-from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.dashboard import Sessions, add_dashboard_routes
 from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
@@ -56,7 +57,7 @@ from ncap.stores import (
     shared_between_processes,
     sqlite_target,
 )
-from ncap.stores.admin import AdminStore, admin_store_for_ledger
+from ncap.stores.admin import AdminChange, AdminStore, admin_store_for_ledger
 
 __all__ = ["create_app"]
 
@@ -418,7 +419,17 @@ def _route_runtimes(config: Config, metrics: Metrics) -> dict[str, RouteRuntime]
     }
 
 
-def _add_routes(app: web.Application, config: Config) -> None:
+def _sessions(store: AdminStore, sync: GrantsSync, grants: Grants) -> Sessions:
+    """A dashboard sign-out: an audit row every gateway of the ledger reads back."""
+
+    async def end(at: datetime) -> None:
+        await store.record(AdminChange("dashboard", "revoke", "session", "dashboard"), at)
+        await sync.reload()
+
+    return Sessions(grants, end)
+
+
+def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> None:
     """Every endpoint of SPEC §3, the dashboard, the admin API and the OpenAPI document."""
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -426,7 +437,7 @@ def _add_routes(app: web.Application, config: Config) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    add_dashboard_routes(app, config)
+    add_dashboard_routes(app, config, sessions)
     add_admin_routes(app, config)
     add_openapi_route(app)
 
@@ -482,7 +493,7 @@ def create_app(
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
-    _add_routes(app, config)
+    _add_routes(app, config, _sessions(admin_store, app[GRANTS_SYNC], grants))
 
     app.cleanup_ctx.append(_lifecycle)
     return app
