@@ -86,6 +86,9 @@ class Server(_Model):
     # (off: a repeat gets 409 naming the first request)
     idempotency_ttl_s: float = Field(86400.0, gt=0)
     idempotency_keep_answers: bool = False
+    # a bearer token /metrics, /readyz and /openapi.json require (the admin key is
+    # accepted too), in this environment variable; None: they are open (/healthz is)
+    operations_key_env: str | None = None
     # the dashboard's session cookie: Secure always (true: behind a TLS-terminating
     # proxy, where the gateway itself sees plain HTTP), never (false), or as the
     # connection is (null)
@@ -635,6 +638,15 @@ def warnings_for(config: Config, text: str, source: str, now: datetime) -> list[
     except yaml.YAMLError:
         root = None
     found: list[tuple[Loc, str]] = []
+    if not config.server.is_loopback and config.server.operations_key_env is None:
+        found.append(
+            (
+                ("server", "host"),
+                f"bound to {config.server.host} without server.operations_key_env: /metrics, "
+                "/readyz and /openapi.json (spend and limits per workload, route and "
+                "exception ids) answer anyone who can reach it",
+            )
+        )
     for rid, route in config.routes.items():
         found += _contract_warnings(rid, route.contract, now)
     for i, grant in enumerate(config.exceptions):

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from ncap.auth import hash_key
-from ncap.config import parse_config
+from ncap.config import parse_config, warnings_for
 from ncap.errors import ConfigError
 from ncap.http.app import create_app
 from ncap.testing.fake_upstream import FakeState
@@ -194,3 +195,52 @@ def test_the_secure_cookie_flag_is_a_config_switch(
     flags = [f.strip().lower() for f in r.headers["set-cookie"].split(";")]
     assert ("secure" in flags) is secure
     assert "httponly" in flags and "samesite=strict" in flags
+
+
+# --- operational endpoints ---
+
+OPS_ENV = "NCAP_TEST_HOSTILE_OPS_KEY"
+OPS_KEY = "hostile-suite-operations-key-" + "y" * 8
+OPERATIONAL = ("/metrics", "/readyz", "/openapi.json")
+
+
+@pytest.mark.parametrize("path", OPERATIONAL)
+def test_operational_endpoints_can_require_a_credential(
+    path: str,
+    fake: tuple[str, FakeState],
+    tmp_path: Path,
+    admin_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(OPS_ENV, OPS_KEY)
+    config = _admin_config(fake[0], tmp_path, operations_key_env=OPS_ENV)
+    with gateway(config) as gw:
+        none = httpx.get(gw.url + path)
+        wrong = httpx.get(gw.url + path, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        ops = httpx.get(gw.url + path, headers={"Authorization": f"Bearer {OPS_KEY}"})
+        admin = httpx.get(gw.url + path, headers={"Authorization": f"Bearer {admin_env}"})
+        health = httpx.get(gw.url + "/healthz")
+    assert (none.status_code, wrong.status_code) == (401, 403)
+    assert none.json()["error"]["code"] == "invalid_api_key"
+    assert "default" not in none.text and "fake" not in wrong.text  # no workload, no route
+    assert (ops.status_code, admin.status_code, health.status_code) == (200, 200, 200)
+
+
+def test_an_operations_key_named_but_unset_refuses_the_start(tmp_path: Path) -> None:
+    config = _admin_config("http://127.0.0.1:9/v1", tmp_path, operations_key_env=OPS_ENV)
+    with pytest.raises(ConfigError) as refused:
+        create_app(config)
+    assert OPS_ENV in str(refused.value)
+
+
+def test_a_public_bind_without_an_operations_key_is_warned_about() -> None:
+    text = yaml.safe_dump(
+        {
+            "server": {"host": "0.0.0.0"},
+            "keys": [{"hash": hash_key(CLIENT_KEY), "workload": "default"}],
+        }
+    )
+    config = parse_config(text)
+    (warning,) = warnings_for(config, text, "ncap.yaml", datetime.now(UTC))
+    assert warning.startswith("ncap.yaml: server.host (line 5)")
+    assert "/metrics, /readyz and /openapi.json" in warning

@@ -27,6 +27,8 @@ from ncap.auth import hash_key
 from ncap.config import Config, Route
 from ncap.domain.grants import Grants
 from ncap.errors import (
+    ConfigError,
+    Forbidden,
     InvalidApiKey,
     InvalidRequest,
     NcapError,
@@ -35,7 +37,7 @@ from ncap.errors import (
 )
 from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
-from ncap.http.dashboard import Sessions, add_dashboard_routes
+from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
@@ -350,8 +352,48 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+OPERATIONS_KEY = web.AppKey("operations_key", str)
+
+
+def operations_key_from_env(config: Config) -> str | None:
+    """The token ``/metrics``, ``/readyz`` and ``/openapi.json`` require, when the config
+    names its variable; ``ConfigError`` when that variable is unset or too short (the
+    config asked for a credential: never serve them open by accident)."""
+    env = config.server.operations_key_env
+    if env is None:
+        return None
+    key = os.environ.get(env, "")
+    if len(key) < MIN_ADMIN_KEY_LENGTH:
+        raise ConfigError(
+            f"server.operations_key_env names {env}, which holds {len(key)} characters; "
+            f"at least {MIN_ADMIN_KEY_LENGTH} are required"
+        )
+    return key
+
+
+def _operations_guard(request: web.Request) -> None:
+    """401 without a token, 403 with a wrong one, when an operations key is set (the
+    admin key is accepted as well)."""
+    key = request.app.get(OPERATIONS_KEY)
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise InvalidApiKey(
+            "Send the operations key (server.operations_key_env) as a Bearer token."
+        )
+    admin = request.app[DASHBOARD].admin_key
+    if secrets.compare_digest(token.encode(), key.encode()):
+        return
+    if admin is not None and secrets.compare_digest(token.encode(), admin.encode()):
+        return
+    raise Forbidden("That key is not the operations key.")
+
+
 async def readyz(request: web.Request) -> web.Response:
     """Ready when every store answers; a failure names the store and its backend."""
+    _operations_guard(request)
     stores = await request.app[ACCOUNTING].check_ready()
     problems = [
         f"{name} ({s['backend']}): {s['error']}" for name, s in stores.items() if not s["ready"]
@@ -361,6 +403,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    _operations_guard(request)
     await request.app[GAUGES].refresh()  # store-derived gauges, cached briefly
     body, content_type = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": content_type})
@@ -439,7 +482,7 @@ def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> Non
     app.router.add_get("/metrics", metrics)
     add_dashboard_routes(app, config, sessions)
     add_admin_routes(app, config)
-    add_openapi_route(app)
+    add_openapi_route(app, _operations_guard)
 
 
 def create_app(
@@ -493,6 +536,9 @@ def create_app(
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
+    operations_key = operations_key_from_env(config)
+    if operations_key is not None:
+        app[OPERATIONS_KEY] = operations_key
     _add_routes(app, config, _sessions(admin_store, app[GRANTS_SYNC], grants))
 
     app.cleanup_ctx.append(_lifecycle)
