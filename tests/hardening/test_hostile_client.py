@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -244,3 +245,53 @@ def test_a_public_bind_without_an_operations_key_is_warned_about() -> None:
     (warning,) = warnings_for(config, text, "ncap.yaml", datetime.now(UTC))
     assert warning.startswith("ncap.yaml: server.host (line 5)")
     assert "/metrics, /readyz and /openapi.json" in warning
+
+
+# --- another key of the same workload and its Idempotency-Keys ---
+
+OTHER_KEY = "sk-ncap-hostile-other-key-same-workload"
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("keep_answers", [False, True])
+def test_idempotency_keys_are_scoped_by_api_key(
+    keep_answers: bool, fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    """Two keys of one workload: the second reusing the first's ``order-42`` neither
+    learns its request id, nor is refused because of it, nor gets its answer."""
+    config = gateway_config(
+        fake[0],
+        tmp_path,
+        keys=[
+            {"hash": hash_key(CLIENT_KEY), "workload": "default"},
+            {"hash": hash_key(OTHER_KEY), "workload": "default"},
+        ],
+        server={"idempotency_keep_answers": keep_answers},
+    )
+    with gateway(config) as gw:
+        mine = openai.OpenAI(base_url=gw.url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+        other = openai.OpenAI(base_url=gw.url + "/v1", api_key=OTHER_KEY, max_retries=0)
+
+        def send(client: openai.OpenAI, key: str, content: str = "hi") -> Any:
+            return client.chat.completions.with_raw_response.create(
+                model="fake-model",
+                messages=[{"role": "user", "content": content}],
+                extra_headers={"Idempotency-Key": key},
+            )
+
+        first = send(mine, "order-42")
+        send(mine, "order-7")
+        # the same key and body from the other API key: served afresh (no 409 naming
+        # the first request, no replay of its answer)
+        same = send(other, "order-42")
+        assert "x-ncap-idempotent-replay" not in same.headers
+        assert same.headers["x-request-id"] != first.headers["x-request-id"]
+        # the same key with another body: served (no 400 naming the first request)
+        assert send(other, "order-7", content="another body").parse().choices
+        # the key still protects its own API key's requests
+        if keep_answers:
+            again = send(mine, "order-42")
+            assert again.headers["x-ncap-idempotent-replay"] == first.headers["x-request-id"]
+        else:
+            with pytest.raises(openai.ConflictError):
+                send(mine, "order-42")

@@ -25,7 +25,7 @@ from aiohttp import web
 from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config, Route
-from ncap.domain.grants import Grants
+from ncap.domain.grants import Grants, key_id
 from ncap.errors import (
     ConfigError,
     Forbidden,
@@ -217,7 +217,7 @@ def _authenticate(request: web.Request) -> Caller:
         digest = hash_key(key.strip())
         for entry in grants.keys:
             if secrets.compare_digest(entry.hash, digest):
-                return Caller(entry.workload, entry.environment)
+                return Caller(entry.workload, entry.environment, key_id=key_id(entry))
     raise InvalidApiKey("Incorrect API key provided.")
 
 
