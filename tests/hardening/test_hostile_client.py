@@ -7,6 +7,7 @@ applies and ``httpx`` for what the SDK cannot send (forms, cookies, raw headers)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,8 +20,10 @@ import httpx
 import openai
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from ncap.auth import hash_key
+from ncap.cli.main import app as cli
 from ncap.config import parse_config, warnings_for
 from ncap.errors import ConfigError
 from ncap.http.app import create_app
@@ -295,3 +298,70 @@ def test_idempotency_keys_are_scoped_by_api_key(
         else:
             with pytest.raises(openai.ConflictError):
                 send(mine, "order-42")
+
+
+# --- keyless loopback mode and web pages ---
+
+BODY = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Content-Type": "text/plain"},  # a cross-site "simple" request: no preflight
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        {},  # no content type at all
+        {**JSON, "Host": "rebound.attacker.example"},  # DNS rebinding to 127.0.0.1
+        {**JSON, "Host": "127.0.0.1.attacker.example:8080"},
+        {**JSON, "Origin": "https://attacker.example"},
+        {**JSON, "Origin": "null"},  # a sandboxed frame or a file: page
+        {**JSON, "Origin": "http://localhost.attacker.example"},
+    ],
+    ids=[
+        "text-plain",
+        "form",
+        "no-type",
+        "rebound-host",
+        "lookalike-host",
+        "origin",
+        "null",
+        "lookalike-origin",
+    ],
+)
+def test_keyless_mode_refuses_what_a_web_page_could_send(
+    headers: dict[str, str], fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    config = gateway_config(fake[0], tmp_path)  # no keys: keyless loopback mode
+    with gateway(config) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=headers)
+        served = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        assert served.chat.completions.create(model="fake-model", messages=MESSAGES).choices
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["code"] == "forbidden"
+    rows = [json.loads(line) for line in _export(config, tmp_path).splitlines()]
+    assert len(rows) == 1  # only the SDK's request was served (and billed)
+
+
+@pytest.mark.parametrize("origin", [None, "http://localhost:{port}", "http://127.0.0.1:{port}"])
+def test_keyless_mode_serves_local_programs_and_pages(
+    origin: str | None, fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    with gateway(gateway_config(fake[0], tmp_path)) as gw:
+        headers = dict(JSON)
+        if origin is not None:
+            headers["Origin"] = origin.format(port=gw.port)
+        r = httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=headers)
+        local = httpx.post(
+            f"http://localhost:{gw.port}/v1/chat/completions", content=BODY, headers=JSON
+        )
+    assert (r.status_code, local.status_code) == (200, 200), r.text
+
+
+def _export(config: Any, tmp: Path) -> str:
+    path = tmp / "export.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    out = CliRunner().invoke(cli, ["ledger", "export", "--since", "1d", "--config", str(path)])
+    assert out.exit_code == 0, out.output
+    return out.stdout
+

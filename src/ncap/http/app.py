@@ -199,11 +199,46 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
     )
 
 
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _loopback_host(value: str) -> bool:
+    """``value`` (a Host header, or an origin's host[:port]) names this machine."""
+    host = value.strip().lower()
+    if host.startswith("["):  # [::1]:8080
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host in _LOOPBACK_HOSTS
+
+
+def _keyless_refusal(request: web.Request) -> str | None:
+    """Why a keyless request may not be served. Keyless mode serves programs on this
+    machine, not web pages: a browser can be made to send a cross-site "simple" POST
+    (``text/plain``, no preflight) or, by DNS rebinding, a same-origin one under
+    another host name. So: a JSON body, a loopback ``Host``, and no ``Origin`` but a
+    loopback one."""
+    if request.method == "POST" and request.content_type != "application/json":
+        return "Keyless mode only serves requests with Content-Type: application/json."
+    if not _loopback_host(request.headers.get("Host", "")):
+        return "Keyless mode only serves requests addressed to a loopback host."
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        scheme, _, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not _loopback_host(rest.rstrip("/")):
+            return "Keyless mode does not serve requests from web pages of other origins."
+    return None
+
+
 def _authenticate(request: web.Request) -> Caller:
     """The caller of a key in force (config's and admin-made, minus revoked ones);
-    while no key was ever set, every request is workload ``default``."""
+    while no key was ever set, every request is workload ``default``, if it is one a
+    local program sent (``_keyless_refusal``)."""
     grants = request.app[GRANTS]
     if not grants.keys_required:
+        refusal = _keyless_refusal(request)
+        if refusal is not None:
+            raise Forbidden(refusal + " Create an API key (`ncap keys create`) to serve others.")
         return Caller("default", "default")
     header = request.headers.get("Authorization", "")
     if not header.strip():
