@@ -166,11 +166,18 @@ WEAK_KEY_HASHES = frozenset(
 )
 
 
+# what an admin or a config names (an exception's id, a key's environment): it reaches
+# metric labels, the ledger and URLs, so it is short and plain
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$"
+# a key's label (for `ncap keys list` / `revoke`): the same, spaces allowed inside
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+ -]{0,63}$"
+
+
 class KeyEntry(_Model):
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     workload: str
-    environment: str = "production"
-    label: str | None = None  # a name for `ncap keys list` / `ncap keys revoke`
+    environment: str = Field("production", pattern=ID_PATTERN)
+    label: str | None = Field(None, pattern=LABEL_PATTERN)  # `ncap keys list` / `revoke`
     created: datetime | None = None
 
     @field_validator("hash")
@@ -201,14 +208,14 @@ class Workload(_Model):
 
 
 class ExceptionGrant(_Model):
-    id: str
+    id: str = Field(pattern=ID_PATTERN)
     workload: str
-    owner: str
+    owner: str = Field(min_length=1, max_length=256)
     max_candidates: int = Field(ge=1, le=128)
     output_ceiling: int | None = Field(None, ge=1)
     budget_usd: float | None = Field(None, ge=0)
     expires: datetime
-    reason: str = ""
+    reason: str = Field("", max_length=2000)
 
     @field_validator("expires")
     @classmethod

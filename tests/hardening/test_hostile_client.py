@@ -7,6 +7,7 @@ applies and ``httpx`` for what the SDK cannot send (forms, cookies, raw headers)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -365,3 +366,83 @@ def _export(config: Any, tmp: Path) -> str:
     assert out.exit_code == 0, out.output
     return out.stdout
 
+
+# --- who made an admin change, and the ids an admin or a client names ---
+
+
+def _admin_client(gw: Any, **headers: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=gw.url, headers={"Authorization": f"Bearer {ADMIN_KEY}", **headers}, timeout=10
+    )
+
+
+GRANT = {
+    "workload": "default",
+    "owner": "finops@example.com",
+    "max_candidates": 2,
+    "expires": "2099-01-01T00:00:00Z",
+}
+
+
+def test_the_audit_actor_is_the_credential_not_a_header(
+    fake: tuple[str, FakeState], tmp_path: Path, admin_env: str
+) -> None:
+    config = _admin_config(fake[0], tmp_path)
+    with gateway(config) as gw, _admin_client(gw, **{"X-Ncap-Actor": "ceo@example.com"}) as admin:
+        assert admin.post("/admin/exceptions", json={**GRANT, "id": "q1"}).status_code == 201
+        audit = admin.get("/admin/audit").json()["data"]
+    (row,) = audit
+    # the admin key's fingerprint, never the key
+    assert row["actor"] == "admin-key:" + hashlib.sha256(ADMIN_KEY.encode()).hexdigest()[:12]
+    assert ADMIN_KEY not in json.dumps(audit)
+    assert row["detail"]["claimed_actor"] == "ceo@example.com"  # kept, as a claim
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/admin/exceptions", {**GRANT, "id": "x" * 60_000}),  # into metric labels and the ledger
+        ("/admin/exceptions", {**GRANT, "id": "q1\nforged-log-line"}),
+        ("/admin/exceptions", {**GRANT, "id": "<script>alert(1)</script>"}),
+        ("/admin/exceptions", {**GRANT, "id": "q2", "owner": "o" * 60_000}),
+        ("/admin/keys", {"workload": "default", "environment": "e" * 60_000}),
+        ("/admin/keys", {"workload": "default", "label": "<img src=x onerror=alert(1)>"}),
+    ],
+    ids=["long-id", "newline-id", "markup-id", "long-owner", "long-environment", "markup-label"],
+)
+def test_ids_an_admin_names_are_bounded(
+    path: str, body: dict[str, Any], fake: tuple[str, FakeState], tmp_path: Path, admin_env: str
+) -> None:
+    with gateway(_admin_config(fake[0], tmp_path)) as gw, _admin_client(gw) as admin:
+        r = admin.post(path, json=body)
+        listed = admin.get(path).json()["data"]
+    assert r.status_code == 400, r.text[:200]
+    assert r.json()["error"]["code"] == "invalid_value" and len(r.content) < 2000
+    assert [e for e in listed if e.get("source") == "admin"] == []
+
+
+def test_a_path_id_is_bounded_and_not_echoed(
+    fake: tuple[str, FakeState], tmp_path: Path, admin_env: str
+) -> None:
+    with gateway(_admin_config(fake[0], tmp_path)) as gw, _admin_client(gw) as admin:
+        for path in ("/admin/exceptions/", "/admin/keys/"):
+            r = admin.delete(path + "z" * 4000)
+            assert r.status_code == 400 and "z" * 100 not in r.text, r.text[:200]
+            assert admin.delete(path + "no-such-id").status_code == 404
+
+
+def test_a_config_exception_id_is_bounded(tmp_path: Path) -> None:
+    grant = {**GRANT, "id": "x" * 65}
+    with pytest.raises(ConfigError) as refused:
+        gateway_config("http://127.0.0.1:9/v1", tmp_path, exceptions=[grant])
+    assert any("exceptions.0.id" in p for p in refused.value.problems)
+
+
+def test_a_client_named_model_is_not_echoed_whole(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    with gateway(gateway_config(fake[0], tmp_path)) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.chat.completions.create(model="m" * 100_000, messages=MESSAGES)
+    assert len(missing.value.response.content) < 2000

@@ -68,6 +68,9 @@ class AdminChange:
     kind: Kind
     target: str
     entry: ExceptionGrant | KeyEntry | None = None
+    # the name the request gave for whoever made it (``X-Ncap-Actor``): not verified,
+    # so kept in the audit's detail beside the entry, never as its actor
+    claimed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +115,16 @@ class AdminStore(Protocol):
     async def close(self) -> None: ...
 
 
-def _detail(entry: ExceptionGrant | KeyEntry | None) -> dict[str, Any]:
+def _entry(entry: ExceptionGrant | KeyEntry | None) -> dict[str, Any]:
     return entry.model_dump(mode="json") if entry is not None else {}
+
+
+def _detail(change: AdminChange) -> dict[str, Any]:
+    """The audit row's detail: the entry, and the name the request claimed, if any."""
+    detail = _entry(change.entry)
+    if change.claimed_by is not None:
+        detail["claimed_actor"] = change.claimed_by
+    return detail
 
 
 class MemoryAdminStore:
@@ -140,7 +151,7 @@ class MemoryAdminStore:
         elif change.action == "create":
             if key in self._rows:
                 raise DuplicateGrant(change.target)
-            self._rows[key] = _detail(change.entry)
+            self._rows[key] = _entry(change.entry)
         else:
             self._rows.setdefault(key, None)
             self._revoked.add(key)
@@ -152,7 +163,7 @@ class MemoryAdminStore:
                 change.action,
                 change.kind,
                 change.target,
-                _detail(change.entry),
+                _detail(change),
             )
         )
 
@@ -228,12 +239,13 @@ class SQLiteAdminStore:
 
     async def record(self, change: AdminChange, at: datetime) -> None:
         stamp = _stamp(at)
-        detail = json.dumps(_detail(change.entry), sort_keys=True)
+        body = json.dumps(_entry(change.entry), sort_keys=True)
+        detail = json.dumps(_detail(change), sort_keys=True)
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                _write_grant(conn, change, detail, stamp)
+                _write_grant(conn, change, body, stamp)
                 conn.execute(
                     "INSERT INTO admin_audit (at, actor, action, kind, target, detail)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
@@ -323,11 +335,12 @@ class PostgresAdminStore:
         return _changes(parsed, {(k, i) for k, i, _, r in parsed if r}, ended[0]["at"])
 
     async def record(self, change: AdminChange, at: datetime) -> None:
-        detail = json.dumps(_detail(change.entry), sort_keys=True)
+        body = json.dumps(_entry(change.entry), sort_keys=True)
+        detail = json.dumps(_detail(change), sort_keys=True)
         pool = await self.pool.get()
         with mapped("admin"):
             async with pool.acquire() as conn, conn.transaction():
-                await _write_pg_grant(conn, change, detail, at)
+                await _write_pg_grant(conn, change, body, at)
                 await conn.execute(
                     "INSERT INTO admin_audit (at, actor, action, kind, target, detail)"
                     " VALUES ($1, $2, $3, $4, $5, $6)",
