@@ -4,7 +4,8 @@ guards, used wherever upstream text is relayed to a client or stored:
 
 - ``Redactor``: a route's secrets (its credential and every value of its configured
   headers) replaced by ``[redacted]`` in any text, plus anything shaped like a bearer
-  token; the text is also bounded in length and stripped of control characters.
+  token; the text is also bounded in length and stripped of control characters. An
+  answer's bytes (whole, or each streamed event) get the secrets replaced too.
 - ``bounded_id``: an upstream's request id as the ledger keeps it, at most
   ``MAX_ID_LENGTH`` characters of a plain alphabet; anything else is not an id and is
   dropped (None) rather than stored or relayed.
@@ -46,6 +47,7 @@ class Redactor:
                 found.add(rest.strip())
         # longest first: a secret that contains another is replaced whole
         self._secrets = sorted((s for s in found if len(s) >= MIN_SECRET_LENGTH), key=len)[::-1]
+        self._raw = [s.encode() for s in self._secrets]
         self._max_length = max_length
 
     def text(self, value: str) -> str:
@@ -57,6 +59,14 @@ class Redactor:
         if len(value) > self._max_length:
             value = value[: self._max_length] + "…"
         return value
+
+    def bytes(self, data: bytes) -> bytes:
+        """An answer's bytes with the secrets replaced (the same object when it holds
+        none: the common case costs one substring search per secret)."""
+        for secret in self._raw:
+            if secret in data:
+                data = data.replace(secret, REDACTED.encode())
+        return data
 
     def optional(self, value: str | None) -> str | None:
         return None if value is None else self.text(value)

@@ -97,15 +97,15 @@ class Recorder:
         body = await request.read()
         self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
         if "streamGenerateContent" in request.path:
-            return await _sse(request, [gemini_answer()], done=False)
+            return await sse(request, [gemini_answer()], done=False)
         if "generateContent" in request.path:
             return web.json_response(gemini_answer())
         if body and json.loads(body).get("stream"):
-            return await _sse(request, [chat_chunk("ok"), chat_chunk("", finish="stop")])
+            return await sse(request, [chat_chunk("ok"), chat_chunk("", finish="stop")])
         return web.json_response(chat_completion())
 
 
-async def _sse(
+async def sse(
     request: web.Request, events: list[dict[str, Any]], *, done: bool = True
 ) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

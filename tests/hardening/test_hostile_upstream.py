@@ -9,6 +9,7 @@ Redirects: an upstream answering 3xx to another origin must get nothing re-sent 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import time
@@ -25,7 +26,7 @@ from typer.testing import CliRunner
 from ncap.auth import hash_key
 from ncap.cli.main import app as cli
 from ncap.config import Config
-from tests.hardening.hostile import Recorder, chat_chunk, chat_completion, serve
+from tests.hardening.hostile import Recorder, chat_chunk, chat_completion, gemini_answer, serve, sse
 from tests.support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServerThread, gateway, gateway_config
 
 CLIENT_KEY = "sk-ncap-client-key-hostile-upstream"
@@ -320,10 +321,8 @@ class Flood:
         kind = request.path.split("/")[1]
         size = 64 * MIB
         if kind == "bomb":  # 64 MiB of JSON, about 64 KiB on the wire
-            raw = json.dumps(chat_completion(content="a" * size)).encode()
-            payload = gzip.compress(raw, 9)
             return web.Response(
-                body=payload,
+                body=_bomb(size),
                 headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
             )
         if kind == "declared":  # says its size up front
@@ -349,6 +348,12 @@ class Flood:
         return resp
 
 
+@functools.cache
+def _bomb(size: int) -> bytes:
+    """Compressed once per run, before any gateway waits on it (the attempt timeout)."""
+    return gzip.compress(json.dumps(chat_completion(content="a" * size)).encode(), 6)
+
+
 @pytest.fixture
 def flood() -> Iterator[tuple[Flood, str]]:
     f = Flood()
@@ -364,6 +369,7 @@ DEFAULT_BOUND = 1 * MIB + 256 * 4096
 def test_a_flooding_answer_is_a_502_not_read_whole(
     flood: tuple[Flood, str], tmp_path: Path, kind: str
 ) -> None:
+    _bomb(64 * MIB)
     config = _config(flood[1] + "/" + kind, tmp_path)
     with gateway(config) as gw, pytest.raises(openai.APIStatusError) as failed:
         _client(gw).chat.completions.create(model="fake-model", messages=MESSAGES)
@@ -417,3 +423,35 @@ def test_an_answer_within_its_bound_is_served(tmp_path: Path) -> None:
             model="fake-model", messages=MESSAGES, n=4, temperature=1
         )
     assert [len(c.message.content or "") for c in reply.choices] == [768 * 1024] * 4
+
+
+async def _echo_in_answer(request: web.Request) -> web.StreamResponse:
+    """A 200 whose generated text repeats the credential and the route's header."""
+    body = json.loads(await request.read())
+    creds = _credentials(request)
+    if "streamgeneratecontent" in request.path.lower():
+        return await sse(request, [gemini_answer(f"my key is {creds}")], done=False)
+    if "generatecontent" in request.path.lower():
+        return web.json_response(gemini_answer(f"my key is {creds}"))
+    if body.get("stream"):
+        return await sse(request, [chat_chunk(f"my key is {creds}"), chat_chunk("", finish="stop")])
+    return web.json_response(chat_completion(content=f"my key is {creds}"))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", ["fake-model", "gem-model"])
+def test_a_credential_echoed_in_an_answer_is_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, stream: bool
+) -> None:
+    monkeypatch.setenv(GEMINI_KEY_ENV, GEMINI_KEY)
+    with serve(_echo_in_answer) as echo, gateway(_config(echo.url, tmp_path)) as gw:
+        client = _client(gw)
+        if stream:
+            chunks = client.chat.completions.create(model=model, messages=MESSAGES, stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            reply = client.chat.completions.create(model=model, messages=MESSAGES)
+            text = reply.choices[0].message.content or ""
+    assert text.startswith("my key is ") and "[redacted]" in text
+    for secret in SECRETS:
+        assert secret not in text

@@ -99,7 +99,7 @@ class GeminiProvider:
         data = self._request(body, kind)
         async with self._transport.open(data, timeout=timeout, url=self._stream_url) as resp:
             limit = answer_limit(body, self._max_answer)
-            payloads = aiter(iter_data(bounded(resp.content, limit)))
+            payloads = aiter(_scrubbed(iter_data(bounded(resp.content, limit)), self._transport))
             first = await _first(payloads)
             rid = self._transport.scrub_id(_response_id(first))
             translator = GeminiStream(
@@ -161,6 +161,14 @@ def _response_id(data: bytes | None) -> str | None:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return value if isinstance(value, str) else None
+
+
+async def _scrubbed(
+    payloads: AsyncIterator[bytes], transport: HttpTransport
+) -> AsyncIterator[bytes]:
+    """Each event's payload without the route's secrets, should the upstream echo them."""
+    async for payload in payloads:
+        yield transport.scrub_bytes(payload)
 
 
 async def _first(payloads: AsyncIterator[bytes]) -> bytes | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -89,7 +89,8 @@ class OpenAIProvider:
         transport = self._transports[kind]
         async with transport.open(_encode(body), timeout=timeout) as resp:
             request_id = transport.request_id(resp.headers)
-            yield request_id, _events(resp, request_id, answer_limit(body, self._max_answer))
+            limit = answer_limit(body, self._max_answer)
+            yield request_id, _events(resp, request_id, limit, transport.scrub_bytes)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
@@ -111,7 +112,10 @@ def _headers(route: Route, route_id: str) -> dict[str, str]:
 
 
 async def _events(
-    resp: aiohttp.ClientResponse, request_id: str | None, limit: int
+    resp: aiohttp.ClientResponse,
+    request_id: str | None,
+    limit: int,
+    scrub: Callable[[bytes], bytes],
 ) -> AsyncIterator[StreamEvent]:
     """The body's events, read in chunks (``iter_events`` splits the lines, so a long
     event line is no aiohttp ``LineTooLong``), at most ``limit`` bytes in all; a failure
@@ -119,6 +123,9 @@ async def _events(
     with mapped(partial=True, provider_request_id=request_id):
         try:
             async for event in iter_events(bounded(resp.content.iter_any(), limit)):
+                raw = scrub(event.raw)  # the route's secrets, should the upstream echo them
+                if raw is not event.raw:
+                    event = msgspec.structs.replace(event, raw=raw, data=scrub(event.data))
                 yield event
         except MalformedEvent as exc:
             raise AttemptFailed("protocol", 200, detail=str(exc), partial=True) from exc

@@ -196,7 +196,7 @@ class HttpTransport:
             raise failure from exc
         if resp.status != 200:
             raise self._failure(resp, payload)
-        return payload, resp.headers
+        return self._redactor.bytes(payload), resp.headers
 
     @asynccontextmanager
     async def open(
@@ -231,6 +231,10 @@ class HttpTransport:
         if not self._request_id_header:
             return None
         return self._redactor.request_id(headers.get(self._request_id_header))
+
+    def scrub_bytes(self, data: bytes) -> bytes:
+        """An answer's bytes (whole, or one streamed event) without the route's secrets."""
+        return self._redactor.bytes(data)
 
     def scrub_id(self, value: str | None) -> str | None:
         """Any id the upstream sent (a body's ``id``, Gemini's ``responseId``), bounded."""
