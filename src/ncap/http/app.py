@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import itertools
 import logging
 import os
@@ -209,7 +210,12 @@ def _loopback_host(value: str) -> bool:
         host = host[1 : host.find("]")] if "]" in host else host
     elif host.count(":") == 1:
         host = host.partition(":")[0]
-    return host in _LOOPBACK_HOSTS
+    if host in _LOOPBACK_HOSTS:
+        return True
+    try:  # 127.0.0.2 and the rest of 127.0.0.0/8 (a bind the config allows keyless)
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _keyless_refusal(request: web.Request) -> str | None:
