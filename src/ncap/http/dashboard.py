@@ -46,7 +46,7 @@ from ncap.reports import (
     since_window,
     source_from_url,
 )
-from ncap.reports.admin_tables import with_admin_exceptions
+from ncap.reports.admin_tables import revoked_exceptions, with_admin_exceptions
 from ncap.stores import sqlite_target
 
 __all__ = ["DASHBOARD_PATH", "add_dashboard_routes", "admin_refusal"]
@@ -268,6 +268,7 @@ def _build(config: Config, length: timedelta) -> Report:
             source,
             since_window(length, utcnow()),
             exceptions=with_admin_exceptions(source, config.exceptions),
+            revoked=revoked_exceptions(source),
             pricing={rid: route.pricing for rid, route in config.routes.items()},
             thresholds=config.reports.thresholds,
         )

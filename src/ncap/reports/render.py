@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ from ncap.domain.money import format_usd
 from ncap.reports.model import Report, report_dict
 from ncap.reports.svg import bar_chart, paired_bar_chart
 
-__all__ = ["render_html", "render_json", "render_tables", "template_environment"]
+__all__ = ["render_html", "render_json", "render_tables", "render_tsv", "template_environment"]
 
 
 def render_json(report: Report) -> str:
@@ -50,26 +51,50 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
 
 
-def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    table = Table(*headers, title=Text(title), title_justify="left", expand=False)
-    for row in rows:
-        table.add_row(*(Text(str(cell)) for cell in row))  # values are data, not markup
-    return table
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One table of the report: a title, its column names and its rows as text."""
+
+    title: str
+    headers: Sequence[str]
+    rows: list[list[str]]
+
+    def rich(self) -> Table:
+        table = Table(*self.headers, title=Text(self.title), title_justify="left", expand=False)
+        for row in self.rows:
+            table.add_row(*(Text(cell) for cell in row))  # values are data, not markup
+        return table
+
+
+def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> Section:
+    return Section(title, headers, [[str(cell) for cell in row] for row in rows])
 
 
 def render_tables(report: Report, console: Console) -> None:
     """Print every section as a rich table (markup in values is not interpreted)."""
     for table in _tables(report):
-        console.print(table)
+        console.print(table.rich())
     console.print(f"report built in {report.elapsed_ms:,.0f} ms", highlight=False)
 
 
-def _tables(r: Report) -> list[Table]:
+def render_tsv(report: Report) -> str:
+    """Every section as tab-separated lines, for a pipe or a file: a ``# title`` line,
+    the column names, the rows (nothing cut to a terminal's width), a blank line."""
+    out: list[str] = []
+    for table in _tables(report):
+        out.append(f"# {table.title}")
+        for row in (table.headers, *table.rows):
+            out.append("\t".join(" ".join(cell.split()) for cell in row))
+        out.append("")
+    return "\n".join(out)
+
+
+def _tables(r: Report) -> list[Section]:
     """One table per section, in the order of the HTML page."""
     return [*_overview(r), *_candidates(r), *_money(r)]
 
 
-def _overview(r: Report) -> list[Table]:
+def _overview(r: Report) -> list[Section]:
     t = r.totals
     totals = [
         t.requests,
@@ -92,7 +117,7 @@ def _overview(r: Report) -> list[Table]:
     return [head, alerts]
 
 
-def _candidates(r: Report) -> list[Table]:
+def _candidates(r: Report) -> list[Section]:
     return [
         _table(
             "requested-candidate distribution",
@@ -178,7 +203,7 @@ _EXCEPTION_HEADERS = [
 ]
 
 
-def _money(r: Report) -> list[Table]:
+def _money(r: Report) -> list[Section]:
     pend = r.pending_total
     exceptions = _table(
         "exceptions",
@@ -218,11 +243,12 @@ def _money(r: Report) -> list[Table]:
     spend = [
         _table(
             f"spend by {name}",
-            [name, "requests", "attempts", "spend", "held", "output tokens"],
+            [name, "requests started", "answered", "attempts", "spend", "held", "output tokens"],
             [
                 [
                     s.key or "–",
                     _n(s.requests),
+                    _n(s.answered),
                     _n(s.attempts),
                     _usd(s.cost_micros),
                     _usd(s.held_micros),

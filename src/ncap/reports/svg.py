@@ -7,7 +7,7 @@ the chart's numbers from the DOM.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from markupsafe import Markup, escape
 
@@ -35,7 +35,8 @@ def bar_chart(
     if not bars:
         return Markup('<p class="empty">no data</p>')
     top = max([limit or 0.0, *(v for _, v in bars)]) or 1.0
-    span = width - _LABEL_W - _VALUE_W
+    label_w = _label_width(label for label, _ in bars)
+    span = width - label_w - _VALUE_W
     height = _ROW * len(bars) + 8
     parts = [
         f'<svg id="{escape(chart_id)}" class="chart" role="img" width="{width}" '
@@ -47,12 +48,14 @@ def bar_chart(
         w = max(1.0, span * value / top) if value > 0 else 0.0
         parts.append(
             f'<g class="bar" data-label="{escape(label)}" data-value="{value}">'
-            f'<text x="{_LABEL_W - 6}" y="{y + 15}" text-anchor="end">{escape(_clip(label))}</text>'
-            f'<rect x="{_LABEL_W}" y="{y + 2}" width="{w:.1f}" height="{_ROW - 6}" rx="2"/>'
-            f'<text x="{_LABEL_W + w + 6:.1f}" y="{y + 15}">{escape(fmt(value))}</text></g>'
+            f"<title>{escape(label)}: {escape(fmt(value))}</title>"
+            f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">'
+            f"{escape(_clip(label, label_w))}</text>"
+            f'<rect x="{label_w}" y="{y + 2}" width="{w:.1f}" height="{_ROW - 6}" rx="2"/>'
+            f'<text x="{label_w + w + 6:.1f}" y="{y + 15}">{escape(fmt(value))}</text></g>'
         )
     if limit:
-        x = _LABEL_W + span * limit / top
+        x = label_w + span * limit / top
         parts.append(f'<line class="limit" x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height}"/>')
     parts.append("</svg>")
     return Markup("".join(parts))
@@ -101,5 +104,17 @@ def paired_bar_chart(
     return Markup("".join(parts))
 
 
-def _clip(label: str, size: int = 24) -> str:
+_CHAR_W = 7.2  # px per character of the 12px chart font (a generous average)
+
+
+def _label_width(labels: Iterable[str]) -> int:
+    """Room for the longest label (denial reasons run to 30-odd characters), within
+    bounds so the bars keep most of the width."""
+    longest = max((len(label) for label in labels), default=0)
+    return int(min(max(_LABEL_W, longest * _CHAR_W + 14), 340))
+
+
+def _clip(label: str, label_w: int = _LABEL_W) -> str:
+    """Cut only what does not fit the label column (the full text is in the <title>)."""
+    size = int((label_w - 14) / _CHAR_W)
     return label if len(label) <= size else label[: size - 1] + "…"
