@@ -239,7 +239,7 @@ def import_file(
 
 def _needs_attention(summary: dict[str, Any], total: int) -> bool:
     flagged = summary["conflicts"] or summary["ambiguous"] or summary["unpriced"]
-    return bool(flagged) or (total > 0 and len(summary["unmatched"]) == total)
+    return bool(flagged) or len(summary["unmatched"]) == total  # an empty file too
 
 
 def _attention(summary: dict[str, Any], total: int) -> list[str]:
@@ -252,7 +252,9 @@ def _attention(summary: dict[str, Any], total: int) -> list[str]:
             t=total,
         )
     ]
-    if total and len(summary["unmatched"]) == total:
+    if total == 0:
+        out.append("error: the file has no rows: nothing was imported (is it the right file?)")
+    elif len(summary["unmatched"]) == total:
         out.append(
             "error: no row matched a ledger event: is this the right ledger (--config), "
             "and is provider_request_id the provider's id (x-request-id of its answer)?"
