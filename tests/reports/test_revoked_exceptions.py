@@ -67,7 +67,7 @@ def test_revoked_exceptions_are_revoked_in_audit_json_table_and_dashboard(
     eval_line = next(line for line in table.stdout.splitlines() if "eval-q4" in line)
     assert "revoked" in eval_line and "active" not in eval_line
     # the dashboard (page and report.json) builds the same report
-    report = _build(parse_config(cfg.read_text()), timedelta(days=7))
+    report = _build(parse_config(cfg.read_text()), timedelta(days=7)).report
     assert {e.id: e.status for e in report.exceptions}["eval-q4"] == "revoked"
 
 

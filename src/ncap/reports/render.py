@@ -20,7 +20,8 @@ from rich.text import Text
 
 from ncap.domain.money import format_usd
 from ncap.reports.model import Report, report_dict
-from ncap.reports.svg import bar_chart, paired_bar_chart
+from ncap.reports.svg import bar_chart, budget_chart, column_series, paired_bar_chart
+from ncap.reports.timeline import CandidateSpend, Timeline
 
 __all__ = ["render_html", "render_json", "render_tables", "render_tsv", "template_environment"]
 
@@ -267,7 +268,9 @@ def template_environment() -> Environment:
         loader=PackageLoader("ncap.reports", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
     )
-    env.filters.update(n=_n, usd=_usd, when=_when, req=_req, pct=_pct)
+    env.filters.update(
+        n=_n, usd=_usd, when=_when, req=_req, pct=_pct, chg=_chg, money=_chart_usd, cnt=_plain_count
+    )
     return env
 
 
@@ -334,7 +337,103 @@ def _sum_by(pairs: Iterable[tuple[str, int]]) -> list[tuple[str, float]]:
     return sorted(((k, float(v)) for k, v in sums.items()), key=lambda kv: -kv[1])
 
 
-def render_html(report: Report, *, dashboard: dict[str, Any] | None = None) -> str:
-    """One self-contained page; ``dashboard`` adds the window picker and sign-out."""
+def render_html(
+    report: Report, *, dashboard: dict[str, Any] | None = None, timeline: Timeline | None = None
+) -> str:
+    """One self-contained page; ``dashboard`` adds the window picker and sign-out,
+    ``timeline`` the time views (series, changes, budgets, pending by route)."""
     template = template_environment().get_template("report.html")
-    return template.render(r=report, charts=charts(report), dashboard=dashboard)
+    return template.render(
+        r=report,
+        charts=charts(report),
+        dashboard=dashboard,
+        t=timeline,
+        tc=timeline_charts(timeline) if timeline else None,
+    )
+
+
+def _chart_usd(v: float) -> str:
+    """Micro-USD for a chart: cents from a dollar up, four decimals below."""
+    usd = v / 1e6
+    return f"${usd:,.2f}" if usd >= 1 else f"${usd:.4f}"
+
+
+def _chg(value: float | None) -> str:
+    return "new" if value is None else f"{value:+.0%}"
+
+
+def timeline_charts(t: Timeline) -> dict[str, Any]:
+    """Small multiples (one column chart per workload) for each metric, the budgets,
+    the spend by candidate count and the pending rows by workload and route."""
+    out: dict[str, Any] = {}
+    for metric in ("requests", "denials", "spend"):
+        fmt = _chart_usd if metric == "spend" else _plain_count
+        out[metric] = [
+            {
+                "workload": s.workload_id,
+                "series": s,
+                "chart": column_series(
+                    f"series-{metric}-{i}",
+                    f"{metric} of {s.workload_id}",
+                    [(p.bucket, p.value, p.previous, p.flagged) for p in s.points],
+                    fmt=fmt,
+                    width=440,
+                ),
+            }
+            for i, s in enumerate(x for x in t.series if x.metric == metric)
+        ]
+    out["budgets"] = budget_chart(
+        "chart-budgets",
+        "budget limits against spend and holds",
+        [
+            (
+                f"{b.workload_id} · {b.window} {b.period}",
+                b.spent_micros,
+                b.held_micros,
+                b.limit_micros,
+                b.status,
+            )
+            for b in t.budgets
+        ],
+    )
+    out["budget_days"] = [
+        {
+            "budget": b,
+            "chart": column_series(
+                f"budget-days-{i}",
+                f"daily spend and holds of {b.workload_id} against its day budget",
+                [
+                    (d, float(spent + held), 0.0, spent + held >= b.limit_micros)
+                    for d, spent, held in b.days
+                ],
+                fmt=_chart_usd,
+                width=440,
+                limit=float(b.limit_micros),
+                previous=False,
+            ),
+        }
+        for i, b in enumerate(x for x in t.budgets if x.days)
+    ]
+    out["by_candidates"] = paired_bar_chart(
+        "chart-by-candidates",
+        "spend by requested candidate count (share of spend)",
+        _shares(t.by_candidates),
+    )
+    out["pending"] = bar_chart(
+        "chart-pending-by-route",
+        "pending reconciliation by workload and route",
+        [(f"{c.workload_id} · {c.route_id or '–'}", float(c.count)) for c in t.pending],
+    )
+    return out
+
+
+def _plain_count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def _shares(rows: Sequence[CandidateSpend]) -> list[tuple[str, float, float]]:
+    now = sum(r.spend_micros for r in rows) or 1
+    before = sum(r.previous_spend_micros for r in rows) or 1
+    return [
+        (f"n={r.requested}", r.spend_micros / now, r.previous_spend_micros / before) for r in rows
+    ]
