@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.progress import track
@@ -30,6 +31,7 @@ from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.domain.money import micros_from_usd
 from ncap.errors import ConfigError
 from ncap.stores import budgets_from_url, hold_id_for, ledger_from_url
+from ncap.stores.sqlite_ledger import SQLiteLedgerStore, export_rows
 
 __all__ = ["ledger_app", "parse_reconciliation", "reconcile_app"]
 
@@ -52,6 +54,7 @@ def export(
     until: Annotated[str | None, typer.Option(help="Before this instant (same forms)")] = None,
     format: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
     config: ConfigOpt = None,
+    by_event: Annotated[bool, typer.Option("--by-event", hidden=True)] = False,
 ) -> None:
     """Write ledger events (oldest first) to standard output.
 
@@ -66,13 +69,25 @@ def export(
     if start and end and end <= start:
         raise typer.BadParameter("must be later than --since", param_hint="--until")
     cfg = _load(config)
-    asyncio.run(_export(cfg, start, end, format, sys.stdout))
+    asyncio.run(_export(cfg, start, end, format, sys.stdout, by_event=by_event))
 
 
 async def _export(
-    cfg: Config, since: datetime | None, until: datetime | None, fmt: str, out: Any
+    cfg: Config,
+    since: datetime | None,
+    until: datetime | None,
+    fmt: str,
+    out: Any,
+    *,
+    by_event: bool = False,
 ) -> None:
-    ledger = ledger_from_url(cfg.stores.ledger)
+    """A SQLite ledger streams its raw rows (``stream_rows``); any other ledger, or
+    ``--by-event`` (the benchmark's comparison), goes event by event."""
+    ledger = ledger_from_url(cfg.stores.ledger)  # opening it migrates an older file
+    if isinstance(ledger, SQLiteLedgerStore) and not by_event:
+        await ledger.close()
+        stream_rows(export_rows(ledger.path, since, until), fmt, out)
+        return
     try:
         writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS)) if fmt == "csv" else None
         if writer:
@@ -84,6 +99,21 @@ async def _export(
                 out.write(json.dumps(_plain(event)) + "\n")
     finally:
         await ledger.close()
+
+
+def stream_rows(rows: Iterable[tuple[Any, ...]], fmt: str, out: Any) -> None:
+    """Raw SQLite rows (``export_rows``) written as the slow path writes events, byte for
+    byte, without building an event per row: ``csv.writer`` takes most cells as they
+    are (None is an empty cell, a number its digits), only the stored encodings are
+    turned into the export's (timestamp, finish reasons, stream mode, per-choice)."""
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow(CSV_COLUMNS)
+        writer.writerows(_csv_cells(row) for row in rows)
+        return
+    encode = json.JSONEncoder().encode
+    for row in rows:
+        out.write(encode(_json_values(row)) + "\n")
 
 
 def _plain(event: LedgerEvent) -> dict[str, Any]:
@@ -110,6 +140,73 @@ def _csv_columns() -> tuple[str, ...]:
 
 
 CSV_COLUMNS = _csv_columns()
+
+
+_AT = {name: i for i, name in enumerate(LEDGER_COLUMNS)}
+_TS, _FINISH, _STREAM, _PER_CHOICE = (
+    _AT["timestamp"],
+    _AT["finish_reasons"],
+    _AT["stream_mode"],
+    _AT["output_tokens_per_choice"],
+)
+_decode_json = msgspec.json.Decoder(dict[str, int]).decode
+
+
+def _iso(stamp: str) -> str:
+    """``2026-11-10T01:00:00.000000Z`` as ``datetime.isoformat()`` writes it."""
+    if len(stamp) == 27 and stamp[-1] == "Z":
+        micros = stamp[19:26]
+        return f"{stamp[:19]}{'' if micros == '.000000' else micros}+00:00"
+    return datetime.fromisoformat(stamp).isoformat()
+
+
+def _csv_plan() -> list[tuple[str, int, int]]:
+    """CSV_COLUMNS as operations on a raw row: copy a run of columns, a column's USD, or
+    the finish reasons' cells."""
+    plan: list[tuple[str, int, int]] = []
+    start = 0
+    for i, name in enumerate(LEDGER_COLUMNS):
+        if name == "finish_reasons" or name in _USD_OF:
+            end = i + 1 if name in _USD_OF else i
+            if end > start:
+                plan.append(("copy", start, end))
+            plan.append(("finish", i, i) if name == "finish_reasons" else ("usd", i, i))
+            start = i + 1
+    if start < len(LEDGER_COLUMNS):
+        plan.append(("copy", start, len(LEDGER_COLUMNS)))
+    return plan
+
+
+_PLAN = _csv_plan()
+
+
+def _csv_cells(raw: tuple[Any, ...]) -> list[Any]:
+    row = list(raw)
+    row[_TS] = _iso(row[_TS])
+    row[_STREAM] = "true" if row[_STREAM] else "false"
+    choices = row[_PER_CHOICE]
+    row[_PER_CHOICE] = choices.replace(",", " ") if choices else None
+    out: list[Any] = []
+    for op, a, b in _PLAN:
+        if op == "copy":
+            out += row[a:b]
+        elif op == "usd":
+            out.append(_usd(row[a]))
+        else:
+            reasons = _decode_json(row[a]) if row[a] else {}
+            out += [reasons.get(r, 0) for r in FINISH_REASONS]
+            out.append(sum(v for k, v in reasons.items() if k not in FINISH_REASONS))
+    return out
+
+
+def _json_values(raw: tuple[Any, ...]) -> dict[str, Any]:
+    row = list(raw)
+    row[_TS] = _iso(row[_TS])
+    row[_FINISH] = json.loads(row[_FINISH]) if row[_FINISH] else {}
+    row[_STREAM] = bool(row[_STREAM])
+    choices = row[_PER_CHOICE]
+    row[_PER_CHOICE] = [int(t) for t in choices.split(",")] if choices else None
+    return dict(zip(LEDGER_COLUMNS, row, strict=True))
 
 
 def csv_row(event: LedgerEvent) -> dict[str, str]:
