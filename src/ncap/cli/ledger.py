@@ -19,7 +19,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import msgspec
 import typer
 from rich.console import Console
 from rich.progress import track
@@ -86,7 +85,10 @@ async def _export(
     ledger = ledger_from_url(cfg.stores.ledger)  # opening it migrates an older file
     if isinstance(ledger, SQLiteLedgerStore) and not by_event:
         await ledger.close()
-        stream_rows(export_rows(ledger.path, since, until), fmt, out)
+        if fmt == "csv":
+            write_csv(export_rows(ledger.path, since, until, select=CSV_SELECT), out)
+        else:
+            write_jsonl(export_rows(ledger.path, since, until), out)
         return
     try:
         writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS)) if fmt == "csv" else None
@@ -101,16 +103,16 @@ async def _export(
         await ledger.close()
 
 
-def stream_rows(rows: Iterable[tuple[Any, ...]], fmt: str, out: Any) -> None:
-    """Raw SQLite rows (``export_rows``) written as the slow path writes events, byte for
-    byte, without building an event per row: ``csv.writer`` takes most cells as they
-    are (None is an empty cell, a number its digits), only the stored encodings are
-    turned into the export's (timestamp, finish reasons, stream mode, per-choice)."""
-    if fmt == "csv":
-        writer = csv.writer(out)
-        writer.writerow(CSV_COLUMNS)
-        writer.writerows(_csv_cells(row) for row in rows)
-        return
+def write_csv(rows: Iterable[tuple[Any, ...]], out: Any) -> None:
+    """Rows already in CSV cells (``CSV_SELECT``), written by ``csv.writer`` in C: None is
+    an empty cell, a number its digits, as the event path writes them."""
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    writer.writerows(rows)
+
+
+def write_jsonl(rows: Iterable[tuple[Any, ...]], out: Any) -> None:
+    """Raw rows as the event path's JSON lines, byte for byte, without an event each."""
     encode = json.JSONEncoder().encode
     for row in rows:
         out.write(encode(_json_values(row)) + "\n")
@@ -149,7 +151,6 @@ _TS, _FINISH, _STREAM, _PER_CHOICE = (
     _AT["stream_mode"],
     _AT["output_tokens_per_choice"],
 )
-_decode_json = msgspec.json.Decoder(dict[str, int]).decode
 
 
 def _iso(stamp: str) -> str:
@@ -160,43 +161,43 @@ def _iso(stamp: str) -> str:
     return datetime.fromisoformat(stamp).isoformat()
 
 
-def _csv_plan() -> list[tuple[str, int, int]]:
-    """CSV_COLUMNS as operations on a raw row: copy a run of columns, a column's USD, or
-    the finish reasons' cells."""
-    plan: list[tuple[str, int, int]] = []
-    start = 0
-    for i, name in enumerate(LEDGER_COLUMNS):
-        if name == "finish_reasons" or name in _USD_OF:
-            end = i + 1 if name in _USD_OF else i
-            if end > start:
-                plan.append(("copy", start, end))
-            plan.append(("finish", i, i) if name == "finish_reasons" else ("usd", i, i))
-            start = i + 1
-    if start < len(LEDGER_COLUMNS):
-        plan.append(("copy", start, len(LEDGER_COLUMNS)))
-    return plan
-
-
-_PLAN = _csv_plan()
-
-
-def _csv_cells(raw: tuple[Any, ...]) -> list[Any]:
-    row = list(raw)
-    row[_TS] = _iso(row[_TS])
-    row[_STREAM] = "true" if row[_STREAM] else "false"
-    choices = row[_PER_CHOICE]
-    row[_PER_CHOICE] = choices.replace(",", " ") if choices else None
-    out: list[Any] = []
-    for op, a, b in _PLAN:
-        if op == "copy":
-            out += row[a:b]
-        elif op == "usd":
-            out.append(_usd(row[a]))
+def _csv_select() -> str:
+    """``CSV_COLUMNS`` as SQLite expressions over a stored row, so that SQLite hands the
+    cursor finished cells: the timestamp as ``isoformat()`` writes it (the store keeps
+    fixed-width ``…ffffffZ`` text), USD beside micro-USD, one count per finish reason,
+    ``true``/``false``, per-choice tokens space-separated."""
+    usd = (
+        "CASE WHEN {c} IS NULL THEN NULL WHEN {c} < 0 "
+        "THEN printf('-%d.%06d', -{c} / 1000000, -{c} % 1000000) "
+        "ELSE printf('%d.%06d', {c} / 1000000, {c} % 1000000) END"
+    )
+    known = ", ".join(f"'{r}'" for r in FINISH_REASONS)
+    out: list[str] = []
+    for name in LEDGER_COLUMNS:
+        if name == "timestamp":
+            out.append(
+                "CASE WHEN substr(timestamp, 20, 7) = '.000000' "
+                "THEN substr(timestamp, 1, 19) || '+00:00' "
+                "ELSE substr(timestamp, 1, 26) || '+00:00' END"
+            )
+        elif name == "finish_reasons":
+            out += [f"COALESCE(json_extract(finish_reasons, '$.{r}'), 0)" for r in FINISH_REASONS]
+            out.append(
+                "COALESCE((SELECT SUM(value) FROM json_each(finish_reasons)"
+                f" WHERE key NOT IN ({known})), 0)"
+            )
+        elif name == "stream_mode":
+            out.append("CASE WHEN stream_mode THEN 'true' ELSE 'false' END")
+        elif name == "output_tokens_per_choice":
+            out.append("replace(output_tokens_per_choice, ',', ' ')")
         else:
-            reasons = _decode_json(row[a]) if row[a] else {}
-            out += [reasons.get(r, 0) for r in FINISH_REASONS]
-            out.append(sum(v for k, v in reasons.items() if k not in FINISH_REASONS))
-    return out
+            out.append(name)
+        if name in _USD_OF:
+            out.append(usd.format(c=name))
+    return ", ".join(out)
+
+
+CSV_SELECT = _csv_select()
 
 
 def _json_values(raw: tuple[Any, ...]) -> dict[str, Any]:

@@ -236,17 +236,22 @@ def _fetch(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[
 
 
 def export_rows(
-    path: Path, since: datetime | None = None, until: datetime | None = None
+    path: Path,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    *,
+    select: str = _COLUMNS,
 ) -> Iterator[tuple[Any, ...]]:
-    """The raw rows (``LEDGER_COLUMNS`` order, as stored: text timestamps, JSON finish
-    reasons, 0/1 stream mode, comma-separated per-choice tokens), oldest first, from one
-    read-only statement: a large export streams at the speed of SQLite's cursor
-    instead of building an event per row (``ncap ledger export``'s fast path)."""
+    """The rows oldest first, from one read-only statement: by default the raw columns
+    (``LEDGER_COLUMNS`` order, as stored: text timestamps, JSON finish reasons, 0/1
+    stream mode, comma-separated per-choice tokens), or the caller's ``select`` list
+    over them (``ncap ledger export`` has SQLite build its CSV cells). A large export
+    streams at the speed of SQLite's cursor instead of building an event per row."""
     conn = connect(path)
     try:
         conn.execute("PRAGMA query_only = 1")
         sql = (
-            f"{_SELECT} WHERE timestamp >= ? AND timestamp < ? "
+            f"SELECT {select} FROM ledger_events WHERE timestamp >= ? AND timestamp < ? "
             "ORDER BY timestamp, request_id, attempt"
         )
         start = _ts(since) if since else ""
