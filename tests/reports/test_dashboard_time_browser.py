@@ -242,3 +242,18 @@ def test_report_json_has_the_time_views(planted: Planted) -> None:
     assert ("support-draft", "requests", planted.dip.isoformat()) in flagged
     statuses = {(b["workload_id"], b["window"]): b["status"] for b in timeline["budgets"]}
     assert statuses[("support-eval", "day")] == "refusing"
+
+
+def test_a_short_window_is_drawn_by_hour(page: tuple[Any, list[str], Any]) -> None:
+    """Last in the file: it moves the shared page to the 24-hour window."""
+    pg, blocked, _ = page
+    response = pg.goto(pg.url.split("?")[0] + "?since=24h")
+    assert response is not None and response.status == 200
+    assert "by hour" in pg.inner_text("#changes h2")
+    buckets = pg.eval_on_selector_all(
+        "#trend-requests svg.series g.col", "els => els.map(e => e.dataset.bucket)"
+    )
+    assert buckets and all("T" in b for b in buckets)  # 2026-12-01T14: hourly buckets
+    for view in ("changes", "trend-requests", "budgets"):
+        pg.locator(f"section#{view}").screenshot(path=str(ARTIFACTS / f"dashboard-24h-{view}.png"))
+    assert blocked == []
