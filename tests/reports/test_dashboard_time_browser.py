@@ -25,7 +25,9 @@ import pytest
 import yaml
 
 from ncap.config import parse_config
+from ncap.domain.events import LedgerEvent
 from ncap.http.app import create_app
+from ncap.stores import SQLiteLedgerStore
 from ncap.stores.admin import AdminChange, SQLiteAdminStore
 from ncap.testing.ledger_gen import LedgerSpec, generate_ledger, synthetic_config
 from tests.support import ServerThread
@@ -76,6 +78,36 @@ def _revoke(ledger: Path, exception_id: str, at: datetime) -> None:
     asyncio.run(revoke())
 
 
+def _refused(ledger: Path, workload: str, at: datetime, count: int) -> None:
+    """The denial rows a gateway writes when ``workload``'s day budget refuses: written
+    minutes ago, so they fall in the current day at any hour the test runs."""
+
+    async def deny() -> None:
+        store = SQLiteLedgerStore(ledger)
+        try:
+            for i in range(count):
+                await store.append(
+                    LedgerEvent(
+                        timestamp=at + timedelta(seconds=i),
+                        request_id=f"req-refused-{i}",
+                        attempt=0,
+                        workload_id=workload,
+                        environment="production",
+                        route_id="primary-chat",
+                        policy_result="deny",
+                        policy_reason="budget_exhausted",
+                        state="denied",
+                        denied_by="usd_micros_day",
+                        denied_limit=10_000,
+                        denied_amount=2_000,
+                    )
+                )
+        finally:
+            await store.close()
+
+    asyncio.run(deny())
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Planted]:
     tmp = tmp_path_factory.mktemp("dash-time")
@@ -87,6 +119,8 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Planted]:
     ledger = tmp / "ledger.db"
     generate_ledger(ledger, spec)
     _revoke(ledger, "eval-q4", now - timedelta(days=2))
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    _refused(ledger, "support-eval", max(now - timedelta(minutes=3), today), 3)
     raw = synthetic_config(spec, ledger)
     raw["routes"].pop("local-smollm2")  # no model to load: the dashboard only reads
     raw["models"].pop("smollm2")
