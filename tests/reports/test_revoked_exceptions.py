@@ -20,7 +20,7 @@ from ncap.testing.ledger_gen import LedgerSpec, generate_ledger, synthetic_confi
 runner = CliRunner()
 
 
-def _ledger_with_revocations(tmp_path: Path) -> tuple[Path, Path]:
+def _ledger_with_revocations(tmp_path: Path) -> tuple[datetime, Path]:
     spec = LedgerSpec(rows=2000, days=7, seed=4)
     ledger, cfg = tmp_path / "l.db", tmp_path / "ncap.yaml"
     generate_ledger(ledger, spec)
@@ -35,16 +35,17 @@ def _ledger_with_revocations(tmp_path: Path) -> tuple[Path, Path]:
         }
     )
 
+    at = datetime.now(UTC) - timedelta(minutes=5)
+
     async def revoke() -> None:
         store = SQLiteAdminStore(ledger)
-        at = datetime.now(UTC) - timedelta(minutes=5)
         await store.record(AdminChange("ops", "create", "exception", "admin-made", made), at)
         await store.record(AdminChange("ops", "revoke", "exception", "admin-made"), at)
         await store.record(AdminChange("ops", "revoke", "exception", "eval-q4"), at)
         await store.close()
 
     asyncio.run(revoke())
-    return ledger, cfg
+    return at, cfg
 
 
 def test_revoked_exceptions_are_revoked_in_audit_json_table_and_dashboard(
@@ -72,8 +73,8 @@ def test_revoked_exceptions_are_revoked_in_audit_json_table_and_dashboard(
 
 
 def test_a_revocation_after_the_window_does_not_apply_to_it(tmp_path: Path) -> None:
-    _, cfg = _ledger_with_revocations(tmp_path)
-    until = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
+    revoked_at, cfg = _ledger_with_revocations(tmp_path)
+    until = (revoked_at - timedelta(days=1)).date().isoformat()  # the day before
     result = runner.invoke(
         app, ["report", "daily", "--date", until, "--format", "json", "-c", str(cfg)]
     )
