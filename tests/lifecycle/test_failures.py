@@ -44,6 +44,10 @@ CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
     (AttemptFailed("status", 422), "request_rejected", "rejected", 502, "upstream_error"),
     (AttemptFailed("status", 403), "other_4xx", "rejected", 502, "upstream_error"),
     (AttemptFailed("status", 500), "other_status", "upstream_error", 502, "upstream_error"),
+    # a redirect is never followed; an answer past its bound is not read on
+    (AttemptFailed("status", 307), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 301), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("oversized", 200), "oversized", "upstream_error", 502, "upstream_error"),
 ]
 
 

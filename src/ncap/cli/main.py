@@ -81,6 +81,7 @@ def serve(
     from aiohttp import web
 
     from ncap.cli.workers import refuse_unshared, supervise
+    from ncap.errors import ConfigError
     from ncap.http.app import create_app
 
     cfg = load_or_exit(config)
@@ -108,7 +109,11 @@ def serve(
         from ncap.http.signals import log_access_to_stdout
 
         log_access_to_stdout()
-    gateway = create_app(cfg)
+    try:
+        gateway = create_app(cfg)
+    except ConfigError as exc:
+        err.print(f"[red]refusing to start[/red]: {exc}", highlight=False)
+        raise typer.Exit(2) from None
     gateway.on_startup.append(_settle_the_heap)
     where = f"http://{server.host}:{server.port}"
     web.run_app(
