@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts fuzz soak audit clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -39,7 +39,7 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts fuzz
+bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz
 
 # every row of issue 8's table, side by side in one run, with the machine's load
 bench-gateway: setup
@@ -76,6 +76,14 @@ bench-engine-tools: setup
 # two CPU burners: 20 n=4 requests through the embedded default, then a timeout
 bench-engine-timeouts: setup
 	$(BIN)/python bench/engine_timeouts_bench.py --requests 20 --burners 2
+
+# a generated 1,000,000-row ledger: ncap ledger export --format csv (under 30 s) and jsonl,
+# and ncap audit --since 7d, each timed as its own process (EXPORT_ARGS=--events also
+# times the event-by-event export for the ratio: minutes)
+EXPORT_ROWS ?= 1000000
+EXPORT_ARGS ?=
+bench-export: setup
+	$(BIN)/python bench/export_bench.py --rows $(EXPORT_ROWS) $(EXPORT_ARGS)
 
 # issue 15: the long fuzz pass (x10 the CI case counts: about 100,000 cases)
 FUZZ_SCALE ?= 10

@@ -58,6 +58,11 @@ def parse_duration(value: str | float | int) -> timedelta:
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
 
 
+def _bare_number(v: float) -> str:
+    """The one message for a duration written as a bare YAML number (docs/configuration.md)."""
+    return f"a bare number is ambiguous: write the unit, e.g. {v:g}d, {v:g}h or {v:g}s"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -253,9 +258,7 @@ class Contract(_Model):
     def _max_age(cls, v: object) -> object:
         """A duration with its unit; a bare number is refused: ``30`` could mean days."""
         if isinstance(v, int | float) and not isinstance(v, bool):
-            raise ValueError(
-                f"a bare number is ambiguous: write the unit, e.g. {v:g}d, {v:g}h or {v:g}s"
-            )
+            raise ValueError(_bare_number(v))
         if isinstance(v, str):
             parse_duration(v)
         return v
@@ -326,10 +329,14 @@ class Thresholds(_Model):
     distribution_shift_psi: float = Field(0.2, gt=0)
     shift_min_requests: int = Field(100, ge=1)
 
-    @field_validator("pending_age")
+    @field_validator("pending_age", mode="before")
     @classmethod
-    def _age(cls, v: str | None) -> str | None:
-        if v is not None:
+    def _age(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            raise ValueError(_bare_number(v))  # 24 could mean hours as well as seconds
+        if isinstance(v, str):
             parse_duration(v)
         return v
 
@@ -722,14 +729,16 @@ def _line_of(node: yaml.Node | None, loc: list[str]) -> int | None:
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if str(k.value) == part), None)
+            pair = next(((k, v) for k, v in node.value if str(k.value) == part), None)
+            if pair is None:
+                break
+            # the key's line: a section's value starts on the line after ``name:``
+            line, node = pair[0].start_mark.line + 1, pair[1]
         elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
             node = node.value[int(part)]
+            line = node.start_mark.line + 1
         else:
             break
-        if node is None:
-            break
-        line = node.start_mark.line + 1
     return line
 
 

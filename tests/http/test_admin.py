@@ -204,6 +204,8 @@ def test_config_exception_revoked_and_kept_revoked(
         ),
         ({**GRANT, "colour": "red"}, 400, "colour", "unknown_parameter"),
         ({**GRANT, "expires": "soon"}, 400, "expires", "invalid_value"),
+        # already expired: it would never apply and its id could never be reused
+        ({**GRANT, "expires": "2020-01-01T00:00:00Z"}, 400, "expires", "invalid_value"),
     ],
 )
 def test_bad_exception_is_an_openai_400(

@@ -264,12 +264,19 @@ async def create_exception(request: web.Request) -> web.Response:
     actor = _admin(request)
     grant: ExceptionGrant = _validated(ExceptionGrant, await _body(request))
     config = request.app[_ADMIN_CONFIG]
-    _check_exception(grant, config, request.app[GRANTS])
+    now = datetime.now(UTC)
+    _check_exception(grant, config, request.app[GRANTS], now)
     await _record(request, actor.change("create", "exception", grant.id, grant))
-    return _json(_exception_view(grant, config, datetime.now(UTC)), status=201)
+    return _json(_exception_view(grant, config, now), status=201)
 
 
-def _check_exception(grant: ExceptionGrant, config: Config, grants: Grants) -> None:
+def _check_exception(grant: ExceptionGrant, config: Config, grants: Grants, now: datetime) -> None:
+    if grant.expires <= now:  # it would never apply, and its id could never be used again
+        raise InvalidValue(
+            f"expires ({grant.expires.isoformat()}) is in the past: the exception would "
+            "never apply.",
+            param="expires",
+        )
     if grant.workload not in config.workloads:
         raise InvalidValue(f"No workload {grant.workload!r} in the config.", param="workload")
     cap = config.limits.max_candidates_absolute

@@ -74,6 +74,7 @@ ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
 GAUGES = web.AppKey("gauges", StoreGauges)
+STORE_SWEEP_S = 10.0  # how often the store gauges are re-read without a scrape
 REQUEST_ID = web.RequestKey("request_id", str)
 SIGNALS = web.AppKey("signals", RequestSignals)
 ALERTER = web.AppKey("alerter", BudgetAlerter)
@@ -546,7 +547,7 @@ def create_app(
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = _admin_store(config)
     app[GRANTS_SYNC] = _grants_sync(config, admin_store, grants)
-    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store)
+    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider)
     accounting = Accounting(
         config,
@@ -558,7 +559,7 @@ def create_app(
         observers=[o for o in (signals, alerter) if o.enabled],
     )
     app[GAUGES] = StoreGauges(
-        config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
+        config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s, grants=grants
     )
     peers = PeerWatch(
         instances_for(raw_ledger),
@@ -597,8 +598,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await accounting.budgets.recover_lost(accounting.instance)
     await app[GRANTS_SYNC].start()  # admin-made entries survive a restart; replicas sync
     await app[GAUGES].refresh(force=True)
+    # the store snapshot also settles holds another process reconciled: not only on scrape
+    gauges = asyncio.create_task(app[GAUGES].run(STORE_SWEEP_S))
     await _warm_local_engines(routes, app[METRICS])
     yield
+    gauges.cancel()
+    await asyncio.gather(gauges, return_exceptions=True)
     await app[BACKGROUND].drain()
     await app[ALERTER].drain()
     await app[GRANTS_SYNC].stop()

@@ -19,10 +19,12 @@ ended session) are counted per client address (``AuthThrottle``): past
 refused with 429 and ``Retry-After`` before any key is compared.
 
 What it shows: ``build_report`` over the configured ledger for the chosen window
-(default the last 24 hours against the 24 before), rendered by the same template as
-``ncap audit --format html``: server-side SVG, inline CSS, no script, nothing fetched
-(a Content-Security-Policy of ``default-src 'none'`` makes sure), every value
-escaped. The report is built in a worker thread and kept for ``CACHE_S`` seconds.
+(default the last 24 hours against the 24 before) and its time views
+(``reports.timeline``: series per workload, what changed, budgets, pending by route),
+rendered by the same template as ``ncap audit --format html``: server-side SVG,
+inline CSS, no script, nothing fetched (a Content-Security-Policy of
+``default-src 'none'`` makes sure), every value escaped. The report is built in a
+worker thread and kept for ``CACHE_S`` seconds.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from ncap.reports import (
     since_window,
     source_from_url,
 )
-from ncap.reports.admin_tables import with_admin_exceptions
+from ncap.reports.admin_tables import revoked_exceptions, with_admin_exceptions
+from ncap.reports.timeline import Timeline, build_timeline, timeline_dict
 from ncap.stores import sqlite_target
 
 __all__ = [
@@ -163,7 +166,7 @@ class _Dashboard:
     admin_key: str | None
     sessions: Sessions | None = None
     throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(10))
-    cache: dict[str, tuple[float, Report]] = field(default_factory=dict)
+    cache: dict[str, tuple[float, Views]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     login: Any = None
 
@@ -198,6 +201,14 @@ class _Dashboard:
 
 
 DASHBOARD = web.AppKey("dashboard", _Dashboard)
+
+
+@dataclass(frozen=True, slots=True)
+class Views:
+    """What one build gives the page: the report and its time views."""
+
+    report: Report
+    timeline: Timeline
 
 
 def admin_key_from_env(config: Config) -> str | None:
@@ -318,16 +329,16 @@ async def page(request: web.Request) -> web.Response:
     if refused:
         return _login_page(state, refused)
     since = _since(request)
-    report = await _report(state, since)
-    if isinstance(report, str):
-        return _html(f"<!doctype html><title>ncap dashboard</title><p>{_esc(report)}</p>", 503)
+    views = await _report(state, since)
+    if isinstance(views, str):
+        return _html(f"<!doctype html><title>ncap dashboard</title><p>{_esc(views)}</p>", 503)
     chrome = {
         "path": DASHBOARD_PATH,
         "logout": f"{DASHBOARD_PATH}/logout",
         "choices": CHOICES,
         "since": since,
     }
-    return _html(render_html(report, dashboard=chrome))
+    return _html(render_html(views.report, dashboard=chrome, timeline=views.timeline))
 
 
 async def report_json(request: web.Request) -> web.Response:
@@ -341,11 +352,12 @@ async def report_json(request: web.Request) -> web.Response:
         return web.json_response(
             {"error": {**err, "code": code}}, status=refused.status, headers=headers
         )
-    report = await _report(request.app[DASHBOARD], _since(request))
-    if isinstance(report, str):
-        err = {"message": report, "type": "server_error", "param": None, "code": "ledger"}
+    views = await _report(request.app[DASHBOARD], _since(request))
+    if isinstance(views, str):
+        err = {"message": views, "type": "server_error", "param": None, "code": "ledger"}
         return web.json_response({"error": err}, status=503, headers=_HEADERS)
-    return web.json_response(report_dict(report), headers=_HEADERS)
+    data = report_dict(views.report) | {"timeline": timeline_dict(views.timeline)}
+    return web.json_response(data, headers=_HEADERS)
 
 
 async def login(request: web.Request) -> web.Response:
@@ -406,8 +418,8 @@ def _esc(text: str) -> str:
     return str(escape(text))
 
 
-async def _report(state: _Dashboard, since: str) -> Report | str:
-    """The cached report for ``since``, or a message saying why there is none."""
+async def _report(state: _Dashboard, since: str) -> Views | str:
+    """The cached views for ``since``, or a message saying why there are none."""
     async with state.lock:  # one build at a time; a second viewer waits for the first
         hit = state.cache.get(since)
         if hit and time.monotonic() - hit[0] < CACHE_S:
@@ -420,15 +432,18 @@ async def _report(state: _Dashboard, since: str) -> Report | str:
         return report
 
 
-def _build(config: Config, length: timedelta) -> Report:
+def _build(config: Config, length: timedelta) -> Views:
     source = source_from_url(config.stores.ledger)
+    window = since_window(length, utcnow())
     try:
-        return build_report(
+        report = build_report(
             source,
-            since_window(length, utcnow()),
+            window,
             exceptions=with_admin_exceptions(source, config.exceptions),
+            revoked=revoked_exceptions(source),
             pricing={rid: route.pricing for rid, route in config.routes.items()},
             thresholds=config.reports.thresholds,
         )
+        return Views(report, build_timeline(source, window, config.workloads))
     finally:
         source.close()

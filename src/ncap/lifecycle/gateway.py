@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ncap.config import Config
-from ncap.errors import InvalidValue, ModelNotFound, UnknownParameter
+from ncap.errors import InvalidValue, ModelNotFound, NcapError, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
@@ -115,8 +115,10 @@ class Gateway:
                 # an explicit output ceiling on every attempt, so the reservation is real
                 _send_ceiling(plan, body)
             return await self._dispatch(plan, holds, body)
-        except BaseException:
+        except BaseException as exc:
             await self.accounting.abandon(holds)
+            if isinstance(exc, NcapError) and not exc.request_headers:
+                exc.request_headers = plan.headers(plan.usable_routes[0].id)
             raise
 
     async def _parse(

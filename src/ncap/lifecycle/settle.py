@@ -251,7 +251,7 @@ class Accounting:
                 event.denied_amount,
             )
         if plan is not None:  # a refused field has no plan: nothing to observe
-            final = {"state": "denied", "policy_reason": reason}
+            final = {"state": "denied", "policy_reason": reason, "denied_by": event.denied_by}
             self._notify(plan, None, final, "denied")
 
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:

@@ -95,6 +95,7 @@ class BudgetAlertRow:
     fired_at: datetime
     spent_micros: int
     limit_micros: int
+    workload: str | None = None  # whose budget (for logs; not stored)
 
 
 class AdminStore(Protocol):
