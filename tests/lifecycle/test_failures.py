@@ -27,6 +27,14 @@ BAD = UpstreamErrorDetail("Invalid 'messages'", code="invalid_value", param="mes
 CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
     # failure, class, ledger outcome, client status, client code
     (AttemptFailed("timeout"), "timeout", "timeout", 504, "upstream_timeout"),
+    # a provider that cancelled its own work at the timeout and counted it (local engine)
+    (
+        AttemptFailed("timeout", usage=Usage(3, 5, 8), cancelled=True),
+        "cancelled",
+        "cancelled",
+        504,
+        "upstream_timeout",
+    ),
     (AttemptFailed("connection", dispatched=False), "refused", "rejected", 502, "upstream_error"),
     (AttemptFailed("connection"), "connection", "connection_error", 502, "upstream_error"),
     (AttemptFailed("protocol", 200), "unreadable", "upstream_error", 502, "upstream_error"),
@@ -44,6 +52,10 @@ CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
     (AttemptFailed("status", 422), "request_rejected", "rejected", 502, "upstream_error"),
     (AttemptFailed("status", 403), "other_4xx", "rejected", 502, "upstream_error"),
     (AttemptFailed("status", 500), "other_status", "upstream_error", 502, "upstream_error"),
+    # a redirect is never followed; an answer past its bound is not read on
+    (AttemptFailed("status", 307), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 301), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("oversized", 200), "oversized", "upstream_error", 502, "upstream_error"),
 ]
 
 
@@ -176,3 +188,12 @@ def test_a_refusal_that_reported_usage_hands_it_over_as_is() -> None:
 )
 def test_no_other_failure_reports_usage(failure: AttemptFailed) -> None:
     assert reported_usage(failure) is None
+
+
+def test_a_timeout_the_provider_cancelled_hands_over_what_it_counted() -> None:
+    cancelled = AttemptFailed("timeout", usage=BLOCKED_USAGE, cancelled=True)
+    assert ledger_outcome(cancelled) == "cancelled"
+    assert reported_usage(cancelled) == SummaryUsage(
+        prompt_tokens=12, completion_tokens=0, total_tokens=12
+    )
+    assert ledger_outcome(AttemptFailed("timeout", cancelled=True)) == "timeout"  # no count

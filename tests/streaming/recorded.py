@@ -122,6 +122,16 @@ class RecordedTransport:
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         return headers.get("x-request-id")
 
+    # the route has no credential: nothing to scrub (``HttpTransport``'s with no secrets)
+    def scrub_bytes(self, data: bytes) -> bytes:
+        return data
+
+    def scrub_id(self, value: str | None) -> str | None:
+        return value
+
+    def scrub(self, failure: Any) -> Any:
+        return failure
+
     async def aclose(self) -> None:
         return None
 
@@ -150,10 +160,14 @@ def _route(**fields: Any) -> Route:
 
 @dataclass
 class _EngineStream:
-    """What ``local._events`` reads of the engine's request stream: the choices' token
-    counts once it finished."""
+    """What ``local._events`` reads of the engine's request stream: admitted at once,
+    the choices' token counts once it finished."""
 
     finished: Any = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.started.set()
 
 
 @dataclass
@@ -168,7 +182,8 @@ class RecordedEngine:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[Any]]]:
         stream = _EngineStream()
-        yield "chatcmpl-engine", local._events(stream, self._chunks(stream), timeout)  # type: ignore[arg-type]
+        events = local._events(stream, self._chunks(stream), lambda: timeout)  # type: ignore[arg-type]
+        yield "chatcmpl-engine", events
 
     async def _chunks(self, stream: _EngineStream) -> AsyncIterator[ChatCompletionChunk]:
         for chunk in self.chunks:

@@ -67,9 +67,9 @@ class Attempts:
                         continue
                     if exc.client_fault is False:
                         break  # the route's limit, not the request's: a fallback may serve
-                    raise client_error(exc) from None
+                    raise _told(client_error(exc), plan, rt) from None
         assert last is not None
-        raise client_error(last) from None
+        raise _told(client_error(last), plan, attempt.route) from None
 
     async def call(self, attempt: Attempt, body: Mapping[str, Any]) -> UpstreamResult:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
@@ -89,6 +89,12 @@ class Attempts:
         except (AttemptFailed, NcapError) as exc:
             await self.accounting.failed(attempt, as_failure(exc))
             raise
+
+
+def _told(error: NcapError, plan: Plan, rt: RouteRuntime) -> NcapError:
+    """The client's error, with the request's ``x-ncap-*`` headers (the last route tried)."""
+    error.request_headers = plan.headers(rt.id)
+    return error
 
 
 async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any], kind: RequestKind) -> StreamOpen:

@@ -52,12 +52,15 @@ __all__ = [
 
 FailureClass = Literal[
     "timeout",
+    "cancelled",
     "refused",
     "connection",
     "unreadable",
+    "oversized",
     "rate_limited",
     "slow_down",
     "overloaded",
+    "redirected",
     "request_rejected",
     "other_4xx",
     "error_answer",
@@ -73,6 +76,10 @@ def _timeout(_: AttemptFailed) -> NcapError:
 
 def _failed(_: AttemptFailed) -> NcapError:
     return UpstreamError("The upstream failed to answer.")
+
+
+def _oversized(f: AttemptFailed) -> NcapError:
+    return UpstreamError(f"The upstream's answer was larger than the gateway reads ({f.detail}).")
 
 
 def _rate_limited(f: AttemptFailed) -> NcapError:
@@ -101,24 +108,36 @@ def _relayed(f: AttemptFailed) -> NcapError:
     return InvalidRequest(f"Upstream: {err.message}", param=err.param, code=err.code)
 
 
+def _redirected(f: AttemptFailed) -> NcapError:
+    return UpstreamError(
+        f"The upstream answered with a redirect (status {f.status}), which is never followed."
+    )
+
+
 def _status(f: AttemptFailed) -> NcapError:
     return UpstreamError(f"The upstream answered with status {f.status}.")
 
 
 TABLE: dict[FailureClass, tuple[AttemptOutcome, ClientError]] = {
     "timeout": ("timeout", _timeout),
+    # a timeout whose provider cancelled the work and counted it (the local engine)
+    "cancelled": ("cancelled", _timeout),
     "refused": ("rejected", _failed),  # never left: nothing was generated or billed
     "connection": ("connection_error", _failed),
     "unreadable": ("upstream_error", _failed),  # a malformed answer, or no status
+    # past the route's answer bound: it generated (and may bill) what it sent
+    "oversized": ("upstream_error", _oversized),
     "rate_limited": ("rejected", _rate_limited),
     "slow_down": ("rejected", _slow_down),
     "overloaded": ("rejected", _overloaded),
+    # a 3xx: never followed (the credential and prompt would go to another origin)
+    "redirected": ("rejected", _redirected),
     "request_rejected": ("rejected", _relayed),  # 400/404/422
     "other_4xx": ("rejected", _status),
     "error_answer": ("unbilled_error", _status),  # the contract: error answers are unbilled
     "other_status": ("upstream_error", _status),
 }
-"""Failure class → (ledger outcome, client error). A refusal (429, 503, any 4xx) is an
+"""Failure class → (ledger outcome, client error). A refusal (3xx, 429, 503, any 4xx) is an
 attempt that generated nothing, and so is an error answer on an ``unbilled`` route;
 anything else may have."""
 
@@ -127,9 +146,11 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
     """The failure's class; ``unbilled_errors`` is the route's ``error_responses ==
     "unbilled"`` (without it, an error answer is an unknown)."""
     if f.kind == "timeout":
-        return "timeout"
+        return "cancelled" if f.cancelled and f.usage is not None else "timeout"
     if f.kind == "connection":
         return "connection" if f.dispatched else "refused"
+    if f.kind == "oversized":
+        return "oversized"
     if f.kind == "protocol" or f.status is None:
         return "unreadable"
     cls = _status_class(f.status, f.error.code if f.error is not None else None)
@@ -139,6 +160,8 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
 
 
 def _status_class(status: int, code: str | None) -> FailureClass:
+    if 300 <= status < 400:
+        return "redirected"
     if status == 429:
         return "rate_limited" if code == "rate_limit_exceeded" else "slow_down"
     if status == 503:
@@ -153,10 +176,11 @@ def ledger_outcome(f: AttemptFailed, *, unbilled_errors: bool = False) -> Attemp
 
 
 def reported_usage(f: AttemptFailed) -> SummaryUsage | None:
-    """The usage a refusal reported (a blocked prompt's prompt tokens), which its row is
-    settled at; None for any other failure (which reports none: zero for a refusal,
-    unknown otherwise, as ``TABLE`` says)."""
-    if f.usage is None or ledger_outcome(f) != "rejected":
+    """The usage a refusal reported (a blocked prompt's prompt tokens), or that a
+    provider counted when it cancelled its own work at the timeout (the local engine),
+    which its row is settled at; None for any other failure (which reports none: zero
+    for a refusal, unknown otherwise, as ``TABLE`` says)."""
+    if f.usage is None or ledger_outcome(f) not in ("rejected", "cancelled"):
         return None
     return msgspec.convert(msgspec.to_builtins(f.usage), SummaryUsage)
 

@@ -27,7 +27,7 @@ __all__ = [
     "UpstreamResult",
 ]
 
-FailureKind = Literal["status", "timeout", "connection", "protocol"]
+FailureKind = Literal["status", "timeout", "connection", "protocol", "oversized"]
 RequestKind = Literal["chat", "completions"]
 """Which OpenAI endpoint the body is for: ``/chat/completions`` or the legacy
 ``/completions`` (a ``prompt`` instead of ``messages``, ``best_of``)."""
@@ -83,6 +83,9 @@ class AttemptFailed(Exception):
     # candidates a refusal of n > 1 stated
     usage: Usage | None = None
     max_candidates: int | None = None
+    # a timeout at which the provider stopped the work itself and counted what it had
+    # used into ``usage`` (the local engine cancels its sequences): nothing is unknown
+    cancelled: bool = False
 
     @property
     def retryable(self) -> bool:

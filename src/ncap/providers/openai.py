@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +26,14 @@ from ncap.providers.base import (
     UpstreamErrorDetail,
     UpstreamResult,
 )
-from ncap.providers.transport import HttpTransport, ReadGapWatch, mapped, parse_retry_after
+from ncap.providers.transport import (
+    HttpTransport,
+    ReadGapWatch,
+    answer_limit,
+    mapped,
+    oversized,
+    parse_retry_after,
+)
 from ncap.streaming.sse import EventSplitter, MalformedEvent, StreamPiece
 
 __all__ = ["OpenAIProvider", "openai_failure", "parse_retry_after"]
@@ -45,6 +52,7 @@ class OpenAIProvider:
     def __init__(self, route: Route, *, route_id: str) -> None:
         assert route.base_url is not None
         self.route_id = route_id
+        self._max_answer = route.max_answer_bytes
         headers = _headers(route, route_id)
         base = route.base_url.rstrip("/")
         # one transport per endpoint; a session (and its pool) opens on first use only
@@ -64,7 +72,8 @@ class OpenAIProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         transport = self._transports[kind]
-        payload, headers = await transport.post(_encode(body), timeout=timeout)
+        limit = answer_limit(body, self._max_answer)
+        payload, headers = await transport.post(_encode(body), timeout=timeout, limit=limit)
         request_id = transport.request_id(headers)
         try:
             summary = _summary.decode(payload)
@@ -72,7 +81,7 @@ class OpenAIProvider:
             raise AttemptFailed(
                 "protocol", 200, provider_request_id=request_id, detail=str(exc)
             ) from exc
-        return UpstreamResult(200, payload, summary, request_id or summary.id)
+        return UpstreamResult(200, payload, summary, request_id or transport.scrub_id(summary.id))
 
     @asynccontextmanager
     async def stream(
@@ -81,7 +90,8 @@ class OpenAIProvider:
         transport = self._transports[kind]
         async with transport.open(_encode(body), timeout=timeout) as resp:
             request_id = transport.request_id(resp.headers)
-            yield request_id, _events(resp, request_id, timeout)
+            limit = answer_limit(body, self._max_answer)
+            yield request_id, _events(resp, request_id, timeout, limit, transport.scrub_bytes)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
@@ -103,16 +113,22 @@ def _headers(route: Route, route_id: str) -> dict[str, str]:
 
 
 async def _events(
-    resp: aiohttp.ClientResponse, request_id: str | None, timeout: float
+    resp: aiohttp.ClientResponse,
+    request_id: str | None,
+    timeout: float,
+    limit: int,
+    scrub: Callable[[bytes], bytes],
 ) -> AsyncIterator[StreamPiece]:
     """The body's events, one piece per read as the socket gave it (the splitter finds
-    the events, so a long event line is no aiohttp ``LineTooLong``); a failure carries
-    the request id, which a stream whose first event fails would otherwise lose. The
-    loop of ``iter_pieces``, inlined (one generator fewer on every read), with the
-    wait for each read bounded by ``ReadGapWatch`` (one timer per stream)."""
+    the events, so a long event line is no aiohttp ``LineTooLong``), at most ``limit``
+    bytes in all, the route's secrets scrubbed should the upstream echo them; a failure
+    carries the request id, which a stream whose first event fails would otherwise
+    lose. The loop of ``iter_pieces``, inlined (one generator fewer on every read),
+    with the wait for each read bounded by ``ReadGapWatch`` (one timer per stream)."""
     splitter = EventSplitter()
     read = resp.content.readany
     gaps = ReadGapWatch(resp, timeout)
+    size = 0
     try:
         with mapped(partial=True, provider_request_id=request_id):
             while True:
@@ -121,20 +137,32 @@ async def _events(
                 gaps.since = None
                 if not chunk:
                     break
+                size += len(chunk)
+                if size > limit:
+                    raise oversized(limit, partial=True)
                 piece = splitter.feed(chunk)
                 if piece is not None:
-                    yield piece
+                    yield _scrubbed(piece, scrub)
                 if splitter.failure is not None:
                     raise _malformed(splitter.failure) from splitter.failure
                 if splitter.done:
                     return
             piece = splitter.end()
             if piece is not None:
-                yield piece
+                yield _scrubbed(piece, scrub)
             if splitter.failure is not None:
                 raise _malformed(splitter.failure) from splitter.failure
     finally:
         gaps.close()
+
+
+def _scrubbed(piece: StreamPiece, scrub: Callable[[bytes], bytes]) -> StreamPiece:
+    """A piece's bytes without the route's secrets (whole events: a secret is never cut
+    across pieces); the same piece when it held none, the common case."""
+    raw = scrub(piece.raw)
+    if raw is piece.raw:
+        return piece
+    return StreamPiece(raw, piece.summaries, piece.done, piece.choice_tokens)
 
 
 def _malformed(exc: MalformedEvent) -> AttemptFailed:
