@@ -1,5 +1,7 @@
 """The SSE parser, table-driven on inline text: events, comments, CRLF, multi-line data,
-partial events at the end of a stream, and bytes that arrive in arbitrary pieces.
+partial events at the end of a stream, and bytes that arrive in arbitrary pieces. The
+parser gives one piece per read (every event the read completed); ``flatten`` takes
+the pieces apart again so that each event's bytes and summary can be checked.
 
 Two feeds: the text split into lines, and a real ``aiohttp.StreamReader`` fed in small
 fragments and read as the OpenAI provider reads it (``resp.content.iter_any()``: the
