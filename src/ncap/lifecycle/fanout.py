@@ -2,6 +2,10 @@
 n. Every branch is an attempt with its own ledger row and hold (each prefill is paid
 and recorded), all or nothing, merged in branch order: whole bodies re-indexed, or k
 streams relayed as one with each branch's choice at its own ``index``, usage summed.
+
+Branches are independent draws: a client's ``seed`` s goes to branch i as s + i, since
+a provider that honours seeds would otherwise return k copies of one answer at k times
+the cost (``branch_body``).
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from ncap.providers.base import AttemptFailed, UpstreamResult
 from ncap.stores.base import Hold
 from ncap.streaming.sse import DONE, StreamEvent, encode_event
 
-__all__ = ["FanOut"]
+__all__ = ["FanOut", "branch_body"]
 
 _encode = msgspec.json.Encoder().encode
 Branch = tuple[Attempt, StreamOpen]
+_SEED_SPAN = 2**64
+_SEED_SPAN = 2**64
 Queue = asyncio.Queue[tuple[int, StreamEvent | BaseException | None]]
 
 
@@ -41,7 +47,8 @@ class FanOut:
     ) -> Reply:
         branches = await self._start(plan, holds, rt)
         results = await asyncio.gather(
-            *(self.attempts.call(a, body) for a in branches), return_exceptions=True
+            *(self.attempts.call(a, branch_body(body, i)) for i, a in enumerate(branches)),
+            return_exceptions=True,
         )
         answered = [
             (a, r) for a, r in zip(branches, results, strict=True) if isinstance(r, UpstreamResult)
@@ -63,7 +70,8 @@ class FanOut:
         """k streams opened together (all or nothing before the first byte)."""
         started = await self._start(plan, holds, rt)
         opened = await asyncio.gather(
-            *(self.attempts.open(a, body) for a in started), return_exceptions=True
+            *(self.attempts.open(a, branch_body(body, i)) for i, a in enumerate(started)),
+            return_exceptions=True,
         )
         branches = [
             (a, o) for a, o in zip(started, opened, strict=True) if isinstance(o, StreamOpen)
@@ -126,6 +134,16 @@ class FanOut:
             await branch.stack.aclose()
             report = stream_report(tally, None if tally.done else (cut or "stream_truncated"))
             await self.accounting.stream_finished(attempt, report)
+
+
+def branch_body(body: dict[str, Any], index: int) -> dict[str, Any]:
+    """Branch ``index``'s body: the client's integer ``seed`` s becomes s + index, so
+    that a provider honouring seeds draws k different answers; otherwise ``body``."""
+    seed = body.get("seed")
+    if index == 0 or not isinstance(seed, int) or isinstance(seed, bool):
+        return body
+    # wrapped into the signed 64-bit range the request's seed was validated against
+    return {**body, "seed": (seed + index + _SEED_SPAN // 2) % _SEED_SPAN - _SEED_SPAN // 2}
 
 
 def _raised(failure: BaseException) -> BaseException:

@@ -1,0 +1,30 @@
+"""Fan-out branches draw independently: the client's seed s is s + i on branch i."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ncap.lifecycle.fanout import branch_body
+
+BODY: dict[str, Any] = {"model": "m", "messages": [], "seed": 7}
+
+
+def test_branch_seeds_are_consecutive() -> None:
+    assert [branch_body(BODY, i)["seed"] for i in range(4)] == [7, 8, 9, 10]
+    assert BODY["seed"] == 7  # the request's own body is not changed
+
+
+def test_branch_zero_and_seedless_bodies_are_the_same_object() -> None:
+    assert branch_body(BODY, 0) is BODY
+    seedless = {"model": "m", "messages": []}
+    assert branch_body(seedless, 3) is seedless
+
+
+@pytest.mark.parametrize(
+    ("seed", "index", "sent"),
+    [(2**63 - 1, 1, -(2**63)), (2**63 - 2, 3, -(2**63) + 1), (-5, 2, -3)],
+)
+def test_branch_seed_wraps_within_64_bits(seed: int, index: int, sent: int) -> None:
+    assert branch_body({"seed": seed}, index)["seed"] == sent
