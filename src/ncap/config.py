@@ -226,7 +226,7 @@ class Contract(_Model):
 
 
 class Route(_Model):
-    provider: Literal["openai", "gemini", "local"]
+    provider: Literal["openai", "gemini", "anthropic", "azure", "local"]
     base_url: str | None = None
     upstream_model: str | None = None
     api_key_env: str | None = None
@@ -239,6 +239,11 @@ class Route(_Model):
     # static headers sent upstream on every attempt (e.g. an organisation id); never
     # the client's own headers, which are not forwarded
     headers: dict[str, str] = {}
+    # provider: anthropic (the API version header every request carries)
+    anthropic_version: str = "2023-06-01"
+    # provider: azure (set: the deployment URL form with this api-version; unset: the
+    # /openai/v1 form); upstream_model is the deployment's name
+    api_version: str | None = None
     pricing: Pricing = Pricing()
     contract: Contract = Contract()
     # provider: local
@@ -257,9 +262,9 @@ class Route(_Model):
     def _provider_fields(self) -> Route:
         # gemini: base_url defaults to Google's Gemini API (providers/gemini.py); the
         # upstream model is part of every URL, so it is required
-        if self.provider == "gemini" and not self.upstream_model:
-            raise ValueError("upstream_model is required for provider gemini")
-        if self.provider == "openai" and not self.base_url:
+        if self.provider in ("gemini", "anthropic", "azure") and not self.upstream_model:
+            raise ValueError(f"upstream_model is required for provider {self.provider}")
+        if self.provider in ("openai", "azure") and not self.base_url:
             raise ValueError(f"base_url is required for provider {self.provider}")
         return self
 

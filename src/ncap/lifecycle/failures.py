@@ -141,7 +141,7 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
 def _status_class(status: int, code: str | None) -> FailureClass:
     if status == 429:
         return "rate_limited" if code == "rate_limit_exceeded" else "slow_down"
-    if status == 503:
+    if status in (503, 529):  # 529: Anthropic's overloaded_error
         return "overloaded"
     if status in (400, 404, 422):
         return "request_rejected"

@@ -24,6 +24,14 @@ def provider_for(route: Route, *, route_id: str) -> Provider:
             from ncap.providers.local import LocalProvider
 
             return LocalProvider(route)
+        case "anthropic":
+            from ncap.providers.anthropic import AnthropicProvider
+
+            return AnthropicProvider(route, route_id=route_id)
+        case "azure":
+            from ncap.providers.azure import azure_provider
+
+            return azure_provider(route, route_id=route_id)
         case "gemini":
             from ncap.providers.gemini import GeminiProvider
 

@@ -14,7 +14,6 @@ prompt blocked at the first event fails the attempt before any byte reaches the 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import time
@@ -34,6 +33,7 @@ from ncap.providers.base import (
     UpstreamErrorDetail,
     UpstreamResult,
 )
+from ncap.providers.credentials import route_headers
 from ncap.providers.openai_gemini import (
     GeminiError,
     GeminiStream,
@@ -67,7 +67,7 @@ class GeminiProvider:
         self.model = route.upstream_model
         base = (route.base_url or DEFAULT_BASE_URL).rstrip("/") + f"/models/{self.model}"
         self._replay = _SKIP_SIGNATURE if _GEMINI_3.match(self.model) else None
-        headers = _headers(route, route_id)
+        headers = route_headers(route, route_id, header="x-goog-api-key", scheme="")
         self._transport = _transport(route, base + ":generateContent", headers)
         self._stream_url = base + ":streamGenerateContent?alt=sse"
 
@@ -128,20 +128,6 @@ def _transport(route: Route, url: str, headers: Mapping[str, str]) -> HttpTransp
         max_connections=route.max_connections,
         failure_of=gemini_failure,
     )
-
-
-def _headers(route: Route, route_id: str) -> dict[str, str]:
-    headers = {**route.headers, "Content-Type": "application/json"}
-    key = os.environ.get(route.api_key_env) if route.api_key_env else None
-    if key:
-        headers["x-goog-api-key"] = key
-    elif route.api_key_env:
-        log.warning(
-            "route %s: %s is not set; requests go upstream without a credential",
-            route_id,
-            route.api_key_env,
-        )
-    return headers
 
 
 def _completion_id(provider_request_id: str | None) -> str:

@@ -46,9 +46,19 @@ import msgspec
 from aiohttp import web
 
 from ncap.testing._fake_content import ChoiceText, PromptMessage, choice_text, digest_messages
-from ncap.testing._fake_faults import Faults, Plan, parse_faults, resolve_plan
-from ncap.testing._fake_render import Events
-from ncap.testing.fake_upstream import FakeState, _answer, _runner, _sleep, _stream
+from ncap.testing.fake_kit import (
+    Events,
+    FakeState,
+    Faults,
+    Plan,
+    answer_json,
+    app_runner,
+    parse_faults,
+    request_faults,
+    resolve_plan,
+    sleep_while_connected,
+    stream_events,
+)
 
 __all__ = [
     "GEMINI_PROFILES",
@@ -381,15 +391,7 @@ def _events(gen: _Generation, *, with_usage: bool) -> Events:
 
 
 def _plan(state: GeminiFakeState, headers: Mapping[str, str]) -> tuple[Plan, Faults]:
-    spec = headers.get("x-fake-fault")
-    faults = state.faults if spec is None else parse_gemini_faults(spec)
-    if spec is None and "x-fake-latency-ms" in headers:
-        faults = Faults(faults.names | {"latency"}, faults.values)
-    times = headers.get("x-fake-fail-times")
-    if times is not None and state.by_key.get(headers.get("x-fake-fail-key", "default"), 0) > int(
-        times
-    ):
-        faults = Faults()
+    faults = request_faults(state, headers, parse_gemini_faults)
     return resolve_plan(faults, headers, state.base_latency_ms), faults
 
 
@@ -442,13 +444,13 @@ async def _serve(
         blocked = _blocked(gen, faults.values.get("blocked_prompt", "SAFETY"))
         if stream:
             event = Events([b"data: " + blocked + b"\r\n\r\n"], 0, 0)
-            return await _stream(request, state, plan, rid, event)
-        return await _answer(request, plan, rid, blocked)
+            return await stream_events(request, state, plan, rid, event)
+        return await answer_json(request, plan, rid, blocked)
     if stream:
         usage = plan.names.isdisjoint(("missing_usage", "stream_no_usage"))
-        return await _stream(request, state, plan, rid, _events(gen, with_usage=usage))
+        return await stream_events(request, state, plan, rid, _events(gen, with_usage=usage))
     with_usage = "missing_usage" not in plan.names
-    return await _answer(request, plan, rid, _body(gen, with_usage=with_usage))
+    return await answer_json(request, plan, rid, _body(gen, with_usage=with_usage))
 
 
 async def _before_answer(
@@ -457,7 +459,7 @@ async def _before_answer(
     """Latency, then a hang (``timeout``) or a fault's error reply."""
     hang = plan.timeout_s if "timeout" in plan.names else 0.0
     wait = plan.latency_ms / 1000 + hang
-    if wait > 0 and not await _sleep(request, wait):
+    if wait > 0 and not await sleep_while_connected(request, wait):
         state.disconnects += 1
         return web.Response(status=499)
     if hang > 0:
@@ -512,7 +514,7 @@ async def running_fake_gemini(
 ) -> AsyncIterator[FakeGemini]:
     """Serve the fake on an ephemeral port of ``host`` for the duration of the block."""
     app = create_gemini_app(profile, latency_ms, api_key)
-    runner = _runner(app, shutdown_timeout=0.5)
+    runner = app_runner(app, shutdown_timeout=0.5)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, 0).start()
@@ -523,7 +525,7 @@ async def running_fake_gemini(
 
 
 async def _serve_forever(host: str, port: int, app: web.Application) -> None:
-    runner = _runner(app, shutdown_timeout=1.0)
+    runner = app_runner(app, shutdown_timeout=1.0)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
