@@ -145,7 +145,9 @@ def test_sdk_n4_through_anthropic_fans_out(
     assert usage is not None
     assert usage.prompt_tokens == sum(r.input_tokens or 0 for r in rows)
     assert usage.completion_tokens == sum(r.output_tokens_total or 0 for r in rows)
-    assert usage.completion_tokens == sum(len((c.message.content or "").split()) for c in whole.choices)
+    assert usage.completion_tokens == sum(
+        len((c.message.content or "").split()) for c in whole.choices
+    )
     for row in rows:
         assert row.state == "settled" and row.returned_candidate_count == 1
         assert (row.requested_candidate_count, row.effective_candidate_count) == (4, 4)
@@ -193,7 +195,9 @@ def test_tools_per_choice(client_for: Any, stream: bool) -> None:
         choices = whole.choices
         finishes = [c.finish_reason for c in choices]
         arguments = [
-            json.loads(call.function.arguments) for c in choices for call in c.message.tool_calls or []
+            json.loads(call.function.arguments)
+            for c in choices
+            for call in c.message.tool_calls or []
         ]
     assert tool_call_agreement(choices) == {"get_weather": 0.5, None: 0.5}
     assert sorted(finishes) == ["stop", "stop", "tool_calls", "tool_calls"]
@@ -209,8 +213,13 @@ def test_tool_results_go_back_as_tool_result_blocks(
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "toolu_1", "type": "function",
-                            "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}],
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                }
+            ],
         },  # fmt: skip
         {"role": "tool", "tool_call_id": "toolu_1", "content": "rain"},
     ]

@@ -114,11 +114,19 @@ async def test_tool_result_round_trip(fake: FakeAnthropic) -> None:
         *MESSAGES,
         {
             "role": "assistant",
-            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                         "input": {"city": "Oslo", "days": 1}}],
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Oslo", "days": 1},
+                }
+            ],
         },  # fmt: skip
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                      "content": "rain"}]},  # fmt: skip
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "rain"}],
+        },  # fmt: skip
     ]
     msg = await _client(fake).messages.create(
         model=MODEL, max_tokens=64, messages=messages, tools=[WEATHER],
