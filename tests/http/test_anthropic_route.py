@@ -220,21 +220,35 @@ def test_tool_results_go_back_as_tool_result_blocks(
                     "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
                 }
             ],
-        },  # fmt: skip
+        },
         {"role": "tool", "tool_call_id": "toolu_1", "content": "rain"},
     ]
     answer = client.chat.completions.create(
-        model="claude", messages=messages, tools=[WEATHER], tool_choice="none",
+        model="claude",
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice="none",
         max_completion_tokens=20,
-    )  # fmt: skip
+    )
     assert answer.choices[0].finish_reason == "stop"
     body = _sent(fake_anthropic[1])[-1]
     assert body["messages"][1:] == [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
-                                           "name": "get_weather", "input": {"city": "Oslo"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                      "content": "rain"}]},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Oslo"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "rain"}],
+        },
+    ]
     assert body["tool_choice"] == {"type": "none"}
 
 

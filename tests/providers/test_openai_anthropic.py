@@ -107,9 +107,11 @@ def test_user_parts_become_blocks() -> None:
         {"type": "text", "text": "see"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
         {"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}},
-        {"type": "document",
-         "source": {"type": "base64", "media_type": "application/pdf", "data": "QkJC"}},
-    ]  # fmt: skip
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": "QkJC"},
+        },
+    ]
 
 
 def test_tool_calls_and_results_round_trip_and_turns_merge() -> None:
@@ -124,15 +126,21 @@ def test_tool_calls_and_results_round_trip_and_turns_merge() -> None:
     )
     assert body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Let me check."},
-            {"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "c1", "content": "one"},
-            {"type": "text", "text": "and?"},
-        ]},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": "one"},
+                {"type": "text", "text": "and?"},
+            ],
+        },
+    ]
 
 
 def test_bad_tool_arguments_are_a_400_at_their_place() -> None:
@@ -142,8 +150,14 @@ def test_bad_tool_arguments_are_a_400_at_their_place() -> None:
     assert info.value.param == "messages[1].tool_calls[0].function.arguments"
 
 
-TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}}}}}  # fmt: skip
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "description": "d",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    },
+}
 
 
 @pytest.mark.parametrize(
@@ -166,9 +180,12 @@ def test_tools_and_tool_choice(choice: Any, parallel: Any, sent: Any) -> None:
         fields["parallel_tool_calls"] = parallel
     body = _request(**fields)
     assert body["tools"] == [
-        {"name": "f", "description": "d",
-         "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
-    ]  # fmt: skip
+        {
+            "name": "f",
+            "description": "d",
+            "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        }
+    ]
     assert body.get("tool_choice") == sent
 
 
@@ -181,10 +198,17 @@ def test_tool_choice_naming_an_unknown_tool_is_refused() -> None:
 def test_response_format_is_a_forced_tool() -> None:
     schema = {"type": "object", "properties": {"x": {"type": "string"}}}
     req = msgspec.convert(
-        {"model": "m", "messages": [USER], "max_completion_tokens": 5,
-         "response_format": {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}}},
+        {
+            "model": "m",
+            "messages": [USER],
+            "max_completion_tokens": 5,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "out", "schema": schema},
+            },
+        },
         ChatCompletionRequest,
-    )  # fmt: skip
+    )
     body, shape = to_anthropic_request(req, model="x")
     assert shape == Shape(json_tool="out")
     assert body["tools"][0]["input_schema"] == schema
@@ -224,10 +248,12 @@ def test_stop_reasons(stop: str, json_tool: str | None, reason: str) -> None:
 def test_usage_counts_cache_reads_and_writes_as_prompt() -> None:
     usage = usage_of(
         a.AnthropicUsage(
-            input_tokens=10, output_tokens=4, cache_read_input_tokens=100,
+            input_tokens=10,
+            output_tokens=4,
+            cache_read_input_tokens=100,
             cache_creation_input_tokens=20,
         )
-    )  # fmt: skip
+    )
     assert usage is not None
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (130, 4, 134)
     assert usage.prompt_tokens_details is not msgspec.UNSET
@@ -237,12 +263,19 @@ def test_usage_counts_cache_reads_and_writes_as_prompt() -> None:
 
 def test_message_to_chat_completion() -> None:
     msg = msgspec.convert(
-        {"id": "msg_1", "model": "claude-x", "stop_reason": "tool_use",
-         "content": [{"type": "text", "text": "Checking."}, {"type": "thinking", "thinking": "…"},
-                     {"type": "tool_use", "id": "tu_1", "name": "f", "input": {"a": 1}}],
-         "usage": {"input_tokens": 5, "output_tokens": 7}},
+        {
+            "id": "msg_1",
+            "model": "claude-x",
+            "stop_reason": "tool_use",
+            "content": [
+                {"type": "text", "text": "Checking."},
+                {"type": "thinking", "thinking": "…"},
+                {"type": "tool_use", "id": "tu_1", "name": "f", "input": {"a": 1}},
+            ],
+            "usage": {"input_tokens": 5, "output_tokens": 7},
+        },
         a.Message,
-    )  # fmt: skip
+    )
     out = msgspec.to_builtins(
         to_chat_completion(msg, completion_id="chatcmpl-1", created=1, model="x", shape=Shape())
     )
@@ -263,22 +296,33 @@ def _sse(kind: str, **data: Any) -> bytes:
 
 
 STREAM = [
-    _sse("message_start", message={"id": "msg_1", "model": "claude-x", "content": [],
-                                   "usage": {"input_tokens": 9, "cache_read_input_tokens": 3,
-                                             "output_tokens": 1}}),
+    _sse(
+        "message_start",
+        message={
+            "id": "msg_1",
+            "model": "claude-x",
+            "content": [],
+            "usage": {"input_tokens": 9, "cache_read_input_tokens": 3, "output_tokens": 1},
+        },
+    ),
     _sse("content_block_start", index=0, content_block={"type": "text", "text": ""}),
     _sse("ping"),
     _sse("content_block_delta", index=0, delta={"type": "text_delta", "text": "Hel"}),
     _sse("content_block_delta", index=0, delta={"type": "text_delta", "text": "lo"}),
     _sse("content_block_stop", index=0),
-    _sse("content_block_start", index=1,
-         content_block={"type": "tool_use", "id": "tu_1", "name": "f", "input": {}}),
-    _sse("content_block_delta", index=1, delta={"type": "input_json_delta", "partial_json": '{"a"'}),
+    _sse(
+        "content_block_start",
+        index=1,
+        content_block={"type": "tool_use", "id": "tu_1", "name": "f", "input": {}},
+    ),
+    _sse(
+        "content_block_delta", index=1, delta={"type": "input_json_delta", "partial_json": '{"a"'}
+    ),
     _sse("content_block_delta", index=1, delta={"type": "input_json_delta", "partial_json": ":1}"}),
     _sse("content_block_stop", index=1),
     _sse("message_delta", delta={"stop_reason": "tool_use"}, usage={"output_tokens": 12}),
     _sse("message_stop"),
-]  # fmt: skip
+]
 
 
 def _chunks(translator: AnthropicStream, events: list[bytes]) -> list[dict[str, Any]]:
@@ -296,8 +340,12 @@ def test_stream_translates_to_chunks_at_index_zero() -> None:
     text = "".join(c["delta"].get("content") or "" for c in choices)
     assert text == "Hello"
     calls = [tc for c in choices for tc in c["delta"].get("tool_calls") or []]
-    assert calls[0] == {"index": 0, "id": "tu_1", "type": "function",
-                        "function": {"name": "f", "arguments": ""}}  # fmt: skip
+    assert calls[0] == {
+        "index": 0,
+        "id": "tu_1",
+        "type": "function",
+        "function": {"name": "f", "arguments": ""},
+    }
     assert "".join(tc["function"]["arguments"] for tc in calls) == '{"a":1}'
     assert [c["finish_reason"] for c in choices if c["finish_reason"]] == ["tool_calls"]
     usage = chunks[-1]["usage"]

@@ -101,11 +101,12 @@ async def test_forced_tool_call_is_parsed_by_the_sdk(fake: FakeAnthropic, stream
 
 async def test_tool_every_calls_on_every_kth_request(fake: FakeAnthropic) -> None:
     client = _client(fake, **{"x-fake-fault": "tool_every=2"})
-    stops = [
-        (await client.messages.create(model=MODEL, max_tokens=64, messages=MESSAGES, tools=[WEATHER]))
-        .stop_reason
-        for _ in range(4)
-    ]  # fmt: skip
+    stops = []
+    for _ in range(4):
+        msg = await client.messages.create(
+            model=MODEL, max_tokens=64, messages=MESSAGES, tools=[WEATHER]
+        )
+        stops.append(msg.stop_reason)
     assert sorted(stops) == ["end_turn", "end_turn", "tool_use", "tool_use"]
 
 
@@ -122,16 +123,19 @@ async def test_tool_result_round_trip(fake: FakeAnthropic) -> None:
                     "input": {"city": "Oslo", "days": 1},
                 }
             ],
-        },  # fmt: skip
+        },
         {
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "rain"}],
-        },  # fmt: skip
+        },
     ]
     msg = await _client(fake).messages.create(
-        model=MODEL, max_tokens=64, messages=messages, tools=[WEATHER],
+        model=MODEL,
+        max_tokens=64,
+        messages=messages,
+        tools=[WEATHER],
         tool_choice={"type": "none"},
-    )  # fmt: skip
+    )
     assert msg.content[0].type == "text" and msg.stop_reason == "end_turn"
 
 
@@ -154,8 +158,12 @@ async def test_errors_are_parsed_by_the_sdk(
     assert info.value.status_code == status
     body = info.value.body
     assert isinstance(body, dict) and body["type"] == "error"
-    expected = {429: "rate_limit_error", 529: "overloaded_error", 500: "api_error",
-                400: "invalid_request_error"}  # fmt: skip
+    expected = {
+        429: "rate_limit_error",
+        529: "overloaded_error",
+        500: "api_error",
+        400: "invalid_request_error",
+    }
     assert body["error"]["type"] == expected[status]
     if status == 429:
         assert info.value.response.headers["retry-after"] == "2"
@@ -213,8 +221,12 @@ async def test_prompt_cache_writes_then_reads_within_the_ttl(fake: FakeAnthropic
 
 
 async def test_short_prompts_are_not_cached(fake: FakeAnthropic) -> None:
-    messages = [{"role": "user", "content": [{"type": "text", "text": "hi",
-                                              "cache_control": {"type": "ephemeral"}}]}]  # fmt: skip
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+        }
+    ]
     for _ in range(2):
         msg = await _client(fake).messages.create(model=MODEL, max_tokens=8, messages=messages)
         assert msg.usage.cache_read_input_tokens == msg.usage.cache_creation_input_tokens == 0

@@ -79,9 +79,12 @@ class AnthropicProvider:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise AttemptFailed("protocol", 200, provider_request_id=rid, detail=str(exc)) from exc
         completion = to_chat_completion(
-            msg, completion_id=f"chatcmpl-{msg.id}", created=int(time.time()), model=self.model,
+            msg,
+            completion_id=f"chatcmpl-{msg.id}",
+            created=int(time.time()),
+            model=self.model,
             shape=shape,
-        )  # fmt: skip
+        )
         return UpstreamResult(200, _encode(completion), summarize(completion), rid or msg.id)
 
     @asynccontextmanager

@@ -2,8 +2,9 @@
 ``anthropic`` provider; the official ``anthropic`` SDK is its test client, so what it
 sends is what the SDK parses.
 
-It answers ``POST /v1/messages`` as the Messages API does: the key in ``x-api-key``
-(or as a bearer token) and ``anthropic-version`` required (401 ``authentication_error`` / 400 without them),
+It answers ``POST /v1/messages`` as the Messages API does: the key in ``x-api-key`` (or
+as a bearer token) and ``anthropic-version`` required (401 ``authentication_error`` /
+400 without them),
 ``max_tokens`` required, ``temperature`` 0 to 1, unknown top-level fields refused; one
 message per request (no ``n``) whose text is deterministic for the prompt
 (``_fake_content``), ``stop_reason`` end_turn or max_tokens; tools by ``tool_choice``
@@ -378,10 +379,15 @@ def _sse(kind: str, data: dict[str, Any]) -> bytes:
 
 def _events(gen: _Generation, plan: Plan) -> Events:
     start: dict[str, Any] = {
-        "id": gen.id, "type": "message", "role": "assistant", "model": gen.model,
-        "content": [], "stop_reason": None, "stop_sequence": None,
+        "id": gen.id,
+        "type": "message",
+        "role": "assistant",
+        "model": gen.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
         "usage": gen.usage(output=False),
-    }  # fmt: skip
+    }
     out = [_sse("message_start", {"message": start})]
     if "stream_overloaded" in plan.names:
         error = {"type": "overloaded_error", "message": "Overloaded"}
