@@ -18,6 +18,8 @@ import pytest
 from ncap.client import demux, tool_call_agreement
 from ncap.config import Config
 from ncap.domain.events import LedgerEvent
+from ncap.errors import ConfigError
+from ncap.http.app import create_app
 from ncap.stores import SQLiteLedgerStore
 from ncap.testing.fake_anthropic import (
     ANTHROPIC_STATE,
@@ -312,3 +314,13 @@ def test_response_format_json_schema_by_forced_tool(
     assert choice.finish_reason == "stop" and not choice.message.tool_calls
     body = _sent(fake_anthropic[1])[-1]
     assert body["tool_choice"] == {"type": "tool", "name": "prime"}
+
+
+def test_a_native_contract_on_an_anthropic_route_is_refused_at_start(tmp_path: Path) -> None:
+    config = _config("http://unused", tmp_path)
+    route = config.routes["a"]
+    native = route.contract.model_copy(update={"candidates": "native"})
+    bad = config.model_copy(update={"routes": {"a": route.model_copy(update={"contract": native})}})
+    with pytest.raises(ConfigError) as info:
+        create_app(bad)
+    assert "routes.a.contract.candidates" in str(info.value)

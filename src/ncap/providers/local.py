@@ -60,7 +60,7 @@ def settings_from_route(route: Route) -> EngineSettings:
 class LocalProvider:
     """One engine per route, shared by all its requests (continuous batching)."""
 
-    def __init__(self, route: Route, *, default_model: str = "smollm2") -> None:
+    def __init__(self, route: Route, *, route_id: str = "", default_model: str = "smollm2") -> None:
         self._settings = settings_from_route(route)
         self._default_model = default_model
         self._engine: Engine | None = None
