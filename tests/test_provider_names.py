@@ -29,17 +29,18 @@ def _reads_provider(node: ast.AST) -> bool:
 
 def comparisons(tree: ast.AST) -> list[int]:
     """Lines comparing a provider name, or comparing anything with ``….provider``."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            if any(_names_a_provider(s) for s in sides) or any(_reads_provider(s) for s in sides):
-                found.append(node.lineno)
-        elif isinstance(node, ast.Match) and _reads_provider(node.subject):
-            found.append(node.lineno)
-        elif isinstance(node, ast.MatchValue) and _names_a_provider(node.value):
-            found.append(node.lineno)
-    return found
+    return [node.lineno for node in ast.walk(tree) if _compares(node)]
+
+
+def _compares(node: ast.AST) -> bool:
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        return any(_names_a_provider(s) or _reads_provider(s) for s in sides)
+    if isinstance(node, ast.Match):
+        return _reads_provider(node.subject)
+    if isinstance(node, ast.MatchValue):
+        return _names_a_provider(node.value)
+    return False
 
 
 def test_the_scan_catches_each_form() -> None:
