@@ -19,6 +19,7 @@ import pytest
 from ncap.client import demux
 from ncap.config import Config
 from ncap.domain.events import LedgerEvent
+from ncap.lifecycle.failures import retryable
 from ncap.providers.azure import azure_failure
 from ncap.stores import SQLiteLedgerStore
 from ncap.testing.fake_azure import AZURE_LOG, AzureLog, create_azure_app
@@ -166,7 +167,7 @@ def test_retry_after_ms_wins_over_seconds() -> None:
     failure = azure_failure(429, {"retry-after-ms": "250", "retry-after": "1"}, body)
     assert failure.retry_after == 0.25
     assert failure.error is not None and failure.error.code == "rate_limit_exceeded"
-    assert failure.retryable
+    assert retryable(failure)
 
 
 def test_wrong_version_or_key_is_the_routes_fault(fake_azure: Fake) -> None:

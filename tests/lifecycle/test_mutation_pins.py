@@ -52,7 +52,13 @@ EXACT: list[tuple[AttemptFailed, type, str, float | None]] = [
      1.5),
     (AttemptFailed("status", 404), UpstreamError,
      "The upstream rejected the request (status 404).", None),
-    (AttemptFailed("status", 403), UpstreamError, "The upstream answered with status 403.", None),
+    (AttemptFailed("status", 413), UpstreamError, "The upstream answered with status 413.", None),
+    (
+        AttemptFailed("status", 403),
+        UpstreamError,
+        "The upstream provider refused the gateway's credential for this route.",
+        None,
+    ),
     (AttemptFailed("timeout"), UpstreamError, "The upstream did not answer in time.", None),
     (AttemptFailed("connection"), UpstreamError, "The upstream failed to answer.", None),
 ]  # fmt: skip

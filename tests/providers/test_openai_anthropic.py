@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from ncap.errors import InvalidValue
+from ncap.lifecycle.failures import client_error, retryable
 from ncap.protocol import anthropic as a
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.providers.base import AttemptFailed
@@ -368,7 +369,7 @@ def test_stream_error_event_is_a_failure_with_its_status() -> None:
         translator.events(
             _sse("error", error={"type": "overloaded_error", "message": "Overloaded"})
         )
-    assert info.value.status == 529 and info.value.retryable
+    assert info.value.status == 529 and retryable(info.value)
 
 
 def test_unreadable_stream_event_is_a_protocol_failure() -> None:
@@ -397,5 +398,5 @@ def test_error_answers_are_facts() -> None:
     assert f.error is not None and f.error.code == "context_length_exceeded"
     f = anthropic_failure(502, {}, b"<html>bad gateway</html>")
     assert f.error is None and f.status == 502
-    # facts only: the failure table decides
-    assert (f.client, f.retry, f.client_fault) == (None, None, None)
+    # facts only: the failure table decides (a 502 without an envelope: retried)
+    assert retryable(f) and client_error(f).status == 502

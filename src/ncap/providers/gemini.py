@@ -183,23 +183,34 @@ def gemini_failure(status: int, headers: Mapping[str, str], payload: bytes) -> A
     return as_attempt_failed(error)
 
 
+# what each kind of Gemini failure is, in OpenAI's terms: the code the failure table
+# reads (None: the status says it) and whether the client hears Gemini's own words
+_FACTS: dict[str, tuple[str | None, bool]] = {
+    "invalid": (None, True),
+    "context": ("context_length_exceeded", True),
+    "blocked": ("content_filter", False),
+    "candidates": ("route_does_not_support_candidates", False),
+    "rate_limit": ("rate_limit_exceeded", False),
+    "auth": ("invalid_api_key", False),
+    "route": ("route_misconfigured", True),
+}
+
+
 def as_attempt_failed(error: GeminiError, *, partial: bool = False) -> AttemptFailed:
-    """The lifecycle's failure for a ``GeminiError``: the client's error as the translator
-    built it, its retry rule, and whether another route may serve (a candidates refusal
-    is the route's limit, not the request's fault)."""
-    # a blocked prompt came as a 200; for the ledger it is a refusal of the request
+    """The facts of a ``GeminiError`` for the failure table: the status (a blocked
+    prompt came as a 200, but it is a refusal of the request: 400), the OpenAI code of
+    what Gemini said, its message, and what it reported (usage, the most candidates)."""
     status = 400 if error.kind == "blocked" else error.upstream_status
+    code, own_words = _FACTS.get(error.kind, (None, False))
+    message = error.upstream_message if own_words and error.upstream_message else error.message
     return AttemptFailed(
         "protocol" if error.kind == "protocol" else "status",
         status,
         retry_after=error.retry_after,
-        error=UpstreamErrorDetail(error.message, code=error.code, param=error.param),
+        error=UpstreamErrorDetail(message, code=code, param=error.param),
         provider_request_id=error.provider_request_id,
         detail=str(error),
         partial=partial,
-        client=error.as_ncap_error(),
-        retry=error.retryable,
-        client_fault=error.client_fault,
         usage=error.usage,
         max_candidates=error.max_candidates,
     )
