@@ -181,6 +181,9 @@ class ExceptionGrant(_Model):
 class Pricing(_Model):
     input_per_mtok: float = Field(0.0, ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
+    # prompt tokens written to the provider's cache (Anthropic: 125 % of input); unset:
+    # the input price
+    cache_write_input_per_mtok: float | None = Field(None, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
 
 
@@ -202,6 +205,9 @@ class Contract(_Model):
     # about billing: ``unbilled`` (nothing was generated: settle at zero) or ``unknown``
     # (hold the reservation until reconciled); see docs/configuration.md
     error_responses: Literal["unbilled", "unknown"] = "unbilled"
+    # the provider caches a repeated prompt prefix and bills the cached part at its
+    # cached rate (``ncap probe`` records it when a repeat reports cached tokens)
+    prompt_cache: bool = False
 
     @field_validator("max_age", mode="before")
     @classmethod
@@ -239,6 +245,10 @@ class Route(_Model):
     # static headers sent upstream on every attempt (e.g. an organisation id); never
     # the client's own headers, which are not forwarded
     headers: dict[str, str] = {}
+    # a fan-out on a route whose contract says its provider caches prompts sends branch
+    # 0 first and the others once its first byte arrived (they read its cached prompt);
+    # false: all branches at once
+    fanout_cache_priming: bool = True
     # provider: anthropic (the API version header every request carries)
     anthropic_version: str = "2023-06-01"
     # provider: azure (set: the deployment URL form with this api-version; unset: the

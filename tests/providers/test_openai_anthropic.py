@@ -219,12 +219,29 @@ def test_response_format_is_a_forced_tool() -> None:
     assert info.value.param == "response_format"
 
 
-def test_cache_prompt_marks_the_last_block() -> None:
-    req = msgspec.convert(
-        {"model": "m", "messages": [USER], "max_completion_tokens": 5}, ChatCompletionRequest
+def test_a_cache_breakpoint_marks_its_block_with_cache_control() -> None:
+    mark = {"mode": "explicit"}
+    body = _request(
+        messages=[
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "S", "prompt_cache_breakpoint": mark}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "A"},
+                    {"type": "text", "text": "B", "prompt_cache_breakpoint": mark},
+                ],
+            },
+        ]
     )
-    body, _ = to_anthropic_request(req, model="x", cache_prompt=True)
-    assert body["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert body["system"] == [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]
+    assert body["messages"][0]["content"] == [
+        {"type": "text", "text": "A"},
+        {"type": "text", "text": "B", "cache_control": {"type": "ephemeral"}},
+    ]
+    assert "cache_control" not in json.dumps(_request())
 
 
 # --- response ---
@@ -259,6 +276,7 @@ def test_usage_counts_cache_reads_and_writes_as_prompt() -> None:
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (130, 4, 134)
     assert usage.prompt_tokens_details is not msgspec.UNSET
     assert usage.prompt_tokens_details.cached_tokens == 100
+    assert usage.prompt_tokens_details.cache_write_tokens == 20
     assert usage_of(a.AnthropicUsage(output_tokens=3)) is None  # unknown, not zero
 
 

@@ -52,11 +52,10 @@ class AnthropicProvider:
     """One route's Anthropic model: one transport (one pool of the route's
     ``max_connections``) for whole and streamed answers."""
 
-    def __init__(self, route: Route, *, route_id: str, cache_prompt: bool = False) -> None:
+    def __init__(self, route: Route, *, route_id: str) -> None:
         assert route.upstream_model is not None  # config.Route requires it for anthropic
         self.route_id = route_id
         self.model = route.upstream_model
-        self.cache_prompt = cache_prompt
         headers = route_headers(route, route_id, header="x-api-key", scheme="")
         headers["anthropic-version"] = route.anthropic_version
         self._transport = HttpTransport(
@@ -115,7 +114,7 @@ class AnthropicProvider:
             request = msgspec.convert(fields, ChatCompletionRequest)
         except msgspec.ValidationError as exc:  # validated at the edge; kept for safety
             raise InvalidValue(f"The request cannot be sent to Anthropic: {exc}") from None
-        out, shape = to_anthropic_request(request, model=self.model, cache_prompt=self.cache_prompt)
+        out, shape = to_anthropic_request(request, model=self.model)
         return _encode(out), shape
 
 

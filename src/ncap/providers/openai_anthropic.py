@@ -149,12 +149,11 @@ class Shape:
 # --- request ---
 
 
-def to_anthropic_request(
-    req: ChatCompletionRequest, *, model: str, cache_prompt: bool = False
-) -> tuple[dict[str, Any], Shape]:
-    """The Messages body for ``req`` and what reading its answer needs. ``cache_prompt``
-    marks the prompt's last block with ``cache_control`` (Anthropic then caches the
-    prompt up to it, for the requests that follow)."""
+def to_anthropic_request(req: ChatCompletionRequest, *, model: str) -> tuple[dict[str, Any], Shape]:
+    """The Messages body for ``req`` and what reading its answer needs. A content part
+    marked with OpenAI's ``prompt_cache_breakpoint`` becomes a block marked with
+    ``cache_control``: Anthropic caches the prompt up to it for the requests that follow
+    (how a cache-primed fan-out lets its later branches read the first one's prompt)."""
     _refuse_unsupported(req)
     system, messages = _messages(req.messages)
     body: dict[str, Any] = {"model": model, "max_tokens": _ceiling(req), "messages": messages}
@@ -164,8 +163,6 @@ def to_anthropic_request(
     shape = _tools(req, body)
     if req.stream is True:
         body["stream"] = True
-    if cache_prompt:
-        _mark_cache(body)
     return body, shape
 
 
@@ -235,8 +232,23 @@ def _sampling(req: ChatCompletionRequest, body: dict[str, Any]) -> None:
         body["metadata"] = {"user_id": user}
 
 
+_CACHE_CONTROL = {"type": "ephemeral"}
+
+
 def _text_of(content: TextContent) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def _marked(content: object) -> bool:
+    """Whether any part of ``content`` carries a ``prompt_cache_breakpoint``."""
+    parts = content if isinstance(content, list) else []
+    return any(getattr(p, "prompt_cache_breakpoint", UNSET) is not UNSET for p in parts)
+
+
+def _cached(block: dict[str, Any], marked: bool) -> dict[str, Any]:
+    if marked:
+        block["cache_control"] = dict(_CACHE_CONTROL)
+    return block
 
 
 def _messages(
@@ -250,7 +262,8 @@ def _messages(
         if isinstance(
             msg, ChatCompletionRequestSystemMessage | ChatCompletionRequestDeveloperMessage
         ):
-            system.append({"type": "text", "text": _text_of(msg.content)})
+            text = {"type": "text", "text": _text_of(msg.content)}
+            system.append(_cached(text, _marked(msg.content)))
             continue
         if isinstance(msg, ChatCompletionRequestFunctionMessage):
             raise _unsupported(f"messages[{i}].role", "The legacy function role (use tool)")
@@ -276,6 +289,10 @@ def _user_blocks(content: str | list[UserContentPart], i: int) -> list[dict[str,
 
 
 def _user_block(part: UserContentPart, param: str) -> dict[str, Any]:
+    return _cached(_user_block_of(part, param), _marked([part]))
+
+
+def _user_block_of(part: UserContentPart, param: str) -> dict[str, Any]:
     if isinstance(part, ChatCompletionRequestMessageContentPartText):
         return {"type": "text", "text": part.text}
     if isinstance(part, ChatCompletionRequestMessageContentPartImage):
@@ -314,7 +331,7 @@ def _assistant_blocks(msg: ChatCompletionRequestAssistantMessage, i: int) -> lis
                 if isinstance(part, ChatCompletionRequestMessageContentPartText)
                 else part.refusal
             )
-            blocks.append({"type": "text", "text": text})
+            blocks.append(_cached({"type": "text", "text": text}, _marked([part])))
     for j, call in enumerate(msg.tool_calls or []):
         if not isinstance(call, ChatCompletionMessageToolCall):
             raise _unsupported(f"messages[{i}].tool_calls[{j}]", "Custom tool calls")
@@ -341,11 +358,12 @@ def _arguments(raw: str, param: str) -> dict[str, Any]:
 
 
 def _tool_result(msg: ChatCompletionRequestToolMessage) -> dict[str, Any]:
-    return {
+    block = {
         "type": "tool_result",
         "tool_use_id": msg.tool_call_id,
         "content": _text_of(msg.content),
     }
+    return _cached(block, _marked(msg.content))
 
 
 def _tools(req: ChatCompletionRequest, body: dict[str, Any]) -> Shape:
@@ -429,15 +447,6 @@ def _tool_choice(req: ChatCompletionRequest, names: set[str]) -> dict[str, Any] 
     return out
 
 
-def _mark_cache(body: dict[str, Any]) -> None:
-    """``cache_control`` on the prompt's last block: Anthropic caches the prefix up to it."""
-    turns = body["messages"]
-    if not turns:
-        return
-    last = turns[-1]["content"][-1]
-    last["cache_control"] = {"type": "ephemeral"}
-
-
 # --- response ---
 
 
@@ -460,13 +469,15 @@ def usage_of(usage: a.AnthropicUsage | None) -> Usage | None:
     if usage is None or usage.input_tokens is None:
         return None
     read = usage.cache_read_input_tokens or 0
-    prompt = usage.input_tokens + read + (usage.cache_creation_input_tokens or 0)
+    written = usage.cache_creation_input_tokens or 0
+    prompt = usage.input_tokens + read + written
     completion = usage.output_tokens or 0
+    details = PromptTokensDetails(cached_tokens=read, cache_write_tokens=written or UNSET)
     return Usage(
         completion_tokens=completion,
         prompt_tokens=prompt,
         total_tokens=prompt + completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=read),
+        prompt_tokens_details=details,
     )
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from aiohttp import web
 
 from ncap.testing._fake_content import ChoiceText, choice_text
 from ncap.testing.fake_kit import (
+    MIN_CACHE_TOKENS,
     ErrorReply,
     Events,
     FakeState,
@@ -72,7 +72,6 @@ __all__ = [
 ]
 
 ANTHROPIC_PROFILES = frozenset({"tool_every", "stream_overloaded"})
-MIN_CACHE_TOKENS = 1024
 _FIELDS = frozenset(
     {
         "model",
@@ -100,39 +99,15 @@ _RID = "request-id"
 
 
 class AnthropicFakeState(FakeState):
-    """The OpenAI fake's counters, plus the prompt cache and the key it expects."""
+    """The OpenAI fake's counters (and prompt cache), plus the key it expects and how
+    long a cache entry lives."""
 
     def __init__(
         self, faults: Faults, latency_ms: float, api_key: str | None, cache_ttl_s: float
     ) -> None:
         self.api_key = api_key
         self.cache_ttl_s = cache_ttl_s
-        self.cache: dict[str, float] = {}  # prefix digest -> expiry (monotonic)
         super().__init__(faults, latency_ms)
-
-    def reset(self) -> None:
-        super().reset()
-        self.cache = {}
-        self.cache_reads = 0
-        self.cache_writes = 0
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            **super().stats(),
-            "cache_reads": self.cache_reads,
-            "cache_writes": self.cache_writes,
-        }
-
-    def cached(self, key: str) -> bool:
-        """Whether ``key`` is cached now; either way it is (re)written for the TTL."""
-        now = time.monotonic()
-        hit = self.cache.get(key, 0.0) > now
-        self.cache[key] = now + self.cache_ttl_s
-        if hit:
-            self.cache_reads += 1
-        else:
-            self.cache_writes += 1
-        return hit
 
 
 ANTHROPIC_STATE = web.AppKey("ncap_fake_anthropic_state", AnthropicFakeState)
@@ -255,7 +230,7 @@ class _Prompt:
     cache_write: int = 0
 
 
-def _prompt(raw: dict[str, Any], state: AnthropicFakeState) -> _Prompt:
+def _prompt(raw: dict[str, Any], state: AnthropicFakeState, plan: Plan) -> _Prompt:
     """The prompt's seed and tokens, split into cache read / written / uncached."""
     digest = hashlib.blake2b(digest_size=8)
     tokens = 0
@@ -270,7 +245,9 @@ def _prompt(raw: dict[str, Any], state: AnthropicFakeState) -> _Prompt:
     if marked is None or marked[1] < MIN_CACHE_TOKENS:
         return _Prompt(seed, tokens)
     key, prefix = marked
-    if state.cached(key):
+    # written once this request's prefill is done: its first byte, after the latency
+    ready_after = plan.latency_ms / 1000
+    if state.prompt_cache.use(key, ready_after=ready_after, ttl_s=state.cache_ttl_s):
         return _Prompt(seed, tokens - prefix, cache_read=prefix)
     return _Prompt(seed, tokens - prefix, cache_write=prefix)
 
@@ -451,10 +428,11 @@ async def _serve(
     refused = _refusal(request, state, raw, rid)
     if refused is not None:
         return refused
+    prompt = _prompt(raw, state, plan)  # the cache is read as the request arrives
     early = await _before_answer(request, state, plan, rid)
     if early is not None:
         return early
-    gen = _generate(raw, _prompt(raw, state), plan, faults, serial)
+    gen = _generate(raw, prompt, plan, faults, serial)
     if raw.get("stream") is True:
         events = _events(gen, plan)
         return await stream_events(

@@ -10,7 +10,9 @@ public names only, so a fault profile means the same thing on every fake.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -32,12 +34,14 @@ from ncap.testing._fake_render import Events
 
 __all__ = [
     "MALFORMED",
+    "MIN_CACHE_TOKENS",
     "PROFILES",
     "ErrorReply",
     "Events",
     "FakeState",
     "Faults",
     "Plan",
+    "PromptCache",
     "abort",
     "answer_json",
     "app_runner",
@@ -55,6 +59,36 @@ __all__ = [
 _RECENT_BODIES = 64
 MALFORMED = b'{"id": "chatcmpl-fake", "object": "chat.completion", "choices": [{"index": 0, "mess'
 """A JSON body cut mid-way: what ``malformed_json`` sends unless a fake gives its own."""
+
+
+MIN_CACHE_TOKENS = 1024
+"""The shortest prompt a fake caches (OpenAI's and Anthropic's minimum)."""
+
+
+class PromptCache:
+    """The prompt prefixes a fake has cached, as a provider caches them: an entry is
+    readable only once the request that wrote it finished its prefill (``ready_after``
+    seconds after it arrived: its first byte) and for ``ttl_s`` after its last use. A
+    request that arrives while the entry is still being written misses and writes too
+    (requests sent together each pay the full prompt)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[float, float]] = {}  # key -> (ready, expires)
+        self.reads = 0
+        self.writes = 0
+
+    def use(self, key: str, *, ready_after: float, ttl_s: float) -> bool:
+        """Whether ``key`` is read from the cache now (else it is written)."""
+        now = time.monotonic()
+        ready, expires = self.entries.get(key, (math.inf, 0.0))
+        if ready <= now < expires:
+            self.entries[key] = (ready, now + ttl_s)
+            self.reads += 1
+            return True
+        self.writes += 1
+        if ready == math.inf or ready <= now:  # no write under way: this one writes
+            self.entries[key] = (now + ready_after, now + ready_after + ttl_s)
+        return False
 
 
 class FakeState:
@@ -77,6 +111,7 @@ class FakeState:
         self.recent_bodies: deque[bytes] = deque(maxlen=_RECENT_BODIES)
         self.max_in_flight = self.in_flight
         self.disconnects = 0
+        self.prompt_cache = PromptCache()
 
     def record(self, endpoint: str, headers: Mapping[str, str], body: bytes) -> str:
         """Count one request; returns its provider request id."""
@@ -104,6 +139,8 @@ class FakeState:
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "disconnects": self.disconnects,
+            "cache_reads": self.prompt_cache.reads,
+            "cache_writes": self.prompt_cache.writes,
             "last_headers_seen": seen,
             "last_body": bodies[-1] if bodies else None,
             "recent_bodies": bodies,

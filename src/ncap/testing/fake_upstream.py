@@ -22,7 +22,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -55,6 +55,7 @@ from ncap.testing._fake_render import (
     text_events,
 )
 from ncap.testing.fake_kit import (
+    MIN_CACHE_TOKENS,
     FakeState,
     answer_json,
     app_runner,
@@ -239,6 +240,17 @@ def _text_generation(
     )
 
 
+def _with_cached_prompt(state: FakeState, plan: Plan, req: _ChatRequest) -> Plan:
+    """``prompt_cache``: a prompt of ``MIN_CACHE_TOKENS`` or more is cached whole (in
+    128-token steps, as OpenAI reports it); a repeat within the TTL reads it."""
+    seed, tokens = digest_messages(req.messages)
+    if tokens < MIN_CACHE_TOKENS:
+        return plan
+    key = f"{req.model}:{seed}"
+    hit = state.prompt_cache.use(key, ready_after=plan.latency_ms / 1000, ttl_s=plan.cache_ttl_s)
+    return replace(plan, cached_tokens=tokens // 128 * 128 if hit else 0)
+
+
 _Request = TypeVar("_Request", bound=_ChatRequest | _TextRequest)
 
 
@@ -306,6 +318,8 @@ class _Endpoint(Generic[_Request]):
         req: _Request,
         n: int,
     ) -> web.StreamResponse:
+        if "prompt_cache" in plan.names and isinstance(req, _ChatRequest):
+            plan = _with_cached_prompt(state, plan, req)  # read as the request arrives
         early = await _before_answer(request, state, plan, rid)
         if early is not None:
             return early
