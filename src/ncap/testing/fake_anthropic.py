@@ -57,6 +57,7 @@ from ncap.testing.fake_kit import (
     resolve_plan,
     sleep_while_connected,
     stream_events,
+    value_for_schema,
 )
 
 __all__ = [
@@ -255,20 +256,6 @@ def _prompt(raw: dict[str, Any], state: AnthropicFakeState, plan: Plan) -> _Prom
 # --- the answer ---
 
 
-def _fill(schema: Any) -> Any:
-    """A value of the schema's type (the fake's tool input)."""
-    if not isinstance(schema, dict):
-        return {}
-    kind = schema.get("type")
-    if kind == "object" or "properties" in schema:
-        props = schema.get("properties") or {}
-        required = schema.get("required") or list(props)
-        return {name: _fill(props.get(name)) for name in required}
-    return {"string": "fake", "integer": 1, "number": 1.5, "boolean": True, "array": []}.get(
-        str(kind)
-    )
-
-
 def _tool_call(
     raw: dict[str, Any], plan: Plan, faults: Faults, serial: int
 ) -> dict[str, Any] | None:
@@ -290,7 +277,7 @@ def _tool_call(
         "type": "tool_use",
         "id": f"toolu_fake_{serial}",
         "name": tool.get("name"),
-        "input": _fill(tool.get("input_schema")),
+        "input": value_for_schema(tool.get("input_schema")),
     }
 
 

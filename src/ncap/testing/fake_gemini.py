@@ -58,6 +58,7 @@ from ncap.testing.fake_kit import (
     resolve_plan,
     sleep_while_connected,
     stream_events,
+    value_for_schema,
 )
 
 __all__ = [
@@ -130,9 +131,20 @@ class _Config(msgspec.Struct, rename="camel"):
     max_output_tokens: int | None = None
 
 
+class _CallingConfig(msgspec.Struct, rename="camel"):
+    mode: str | None = None
+    allowed_function_names: list[str] = []
+
+
+class _ToolConfig(msgspec.Struct, rename="camel"):
+    function_calling_config: _CallingConfig | None = None
+
+
 class _Request(msgspec.Struct, rename="camel"):
     contents: list[_Content] = []
     system_instruction: _Content | None = None
+    tools: list[dict[str, Any]] = []
+    tool_config: _ToolConfig | None = None
     generation_config: _Config | None = None
 
 
@@ -272,6 +284,24 @@ class _Generation:
     prompt_tokens: int
     cached_tokens: int
     thoughts_tokens: int
+    call: dict[str, Any] | None = None  # the function every candidate calls (mode ANY)
+
+
+def _forced_call(req: _Request) -> dict[str, Any] | None:
+    """With ``functionCallingConfig.mode: ANY`` every candidate calls a function: the
+    first allowed one, its arguments filled from its parameters' schema."""
+    config = req.tool_config.function_calling_config if req.tool_config else None
+    if config is None or config.mode != "ANY":
+        return None
+    declarations = [d for t in req.tools for d in t.get("functionDeclarations") or []]
+    allowed = [d for d in declarations if d.get("name") in config.allowed_function_names]
+    chosen = (allowed or declarations or [None])[0]
+    if chosen is None:
+        return None
+    # protobuf's JSON takes either spelling (the official SDK sends snake_case)
+    names = ("parametersJsonSchema", "parameters_json_schema", "parameters")
+    schema = next((chosen[k] for k in names if chosen.get(k)), None)
+    return {"name": chosen.get("name"), "args": value_for_schema(schema)}
 
 
 def _generate(req: _Request, model: str, plan: Plan, rid: str) -> _Generation:
@@ -301,6 +331,7 @@ def _generate(req: _Request, model: str, plan: Plan, rid: str) -> _Generation:
         prompt_tokens=prompt_tokens,
         cached_tokens=min(plan.cached_tokens, prompt_tokens),
         thoughts_tokens=plan.reasoning_tokens,
+        call=_forced_call(req),
     )
 
 
@@ -328,7 +359,28 @@ def _candidate(index: int, text: str | None, finish: str | None) -> dict[str, An
     return out
 
 
+def _called(gen: _Generation) -> list[dict[str, Any]]:
+    """Every candidate calling the forced function, finished (STOP)."""
+    out = []
+    for i, _ in gen.choices:
+        candidate: dict[str, Any] = {
+            "content": {"parts": [{"functionCall": gen.call}], "role": "model"},
+            "finishReason": "STOP",
+        }
+        if i:
+            candidate["index"] = i
+        out.append(candidate)
+    return out
+
+
 def _body(gen: _Generation, *, with_usage: bool) -> bytes:
+    if gen.call is not None:
+        called: dict[str, Any] = {"candidates": _called(gen)}
+        if with_usage:
+            called["usageMetadata"] = _usage(gen, 5 * len(gen.choices))
+        called["modelVersion"] = gen.model
+        called["responseId"] = gen.response_id
+        return _ENCODE(called)
     candidates = [
         _candidate(i, c.content, _FINISH[c.finish_reason])
         if c is not None
@@ -358,7 +410,10 @@ def _blocked(gen: _Generation, reason: str) -> bytes:
 
 def _events(gen: _Generation, *, with_usage: bool) -> Events:
     """One event per step carrying every candidate that moved: its next piece, and its
-    finishReason with its last piece (a blocked candidate finishes at step 0)."""
+    finishReason with its last piece (a blocked candidate finishes at step 0); a forced
+    function call is one event."""
+    if gen.call is not None:
+        return Events([b"data: " + _body(gen, with_usage=with_usage) + b"\r\n\r\n"], 0, 0)
     steps = max((len(c.pieces) for _, c in gen.choices if c is not None), default=0)
     data: list[bytes] = []
     first_finish = -1

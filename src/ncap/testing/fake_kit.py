@@ -53,6 +53,7 @@ __all__ = [
     "shape_events",
     "sleep_while_connected",
     "stream_events",
+    "value_for_schema",
     "write_events",
 ]
 
@@ -63,6 +64,19 @@ MALFORMED = b'{"id": "chatcmpl-fake", "object": "chat.completion", "choices": [{
 
 MIN_CACHE_TOKENS = 1024
 """The shortest prompt a fake caches (OpenAI's and Anthropic's minimum)."""
+
+
+def value_for_schema(schema: Any) -> Any:
+    """A value of a JSON schema's type (a fake's tool call arguments): every required
+    property (all of them when none is marked), strings "fake", numbers 1."""
+    if not isinstance(schema, dict):
+        return {}
+    kind = str(schema.get("type") or "").lower()
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        required = schema.get("required") or list(props)
+        return {name: value_for_schema(props.get(name)) for name in required}
+    return {"string": "fake", "integer": 1, "number": 1.5, "boolean": True, "array": []}.get(kind)
 
 
 class PromptCache:
