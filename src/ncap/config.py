@@ -16,19 +16,34 @@ import types
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ncap.errors import ConfigError
 
 __all__ = [
+    "ROUTE_KINDS",
+    "AnthropicRoute",
+    "AzureRoute",
     "Config",
     "Contract",
     "ExceptionGrant",
+    "GeminiRoute",
+    "HttpRoute",
     "KeyEntry",
     "LedgerDurability",
+    "LocalRoute",
+    "OpenAIRoute",
     "Pricing",
     "Reports",
     "Route",
@@ -38,6 +53,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "parse_duration",
+    "parse_route",
     "reference_problems",
     "resolved",
     "warnings_for",
@@ -231,32 +247,80 @@ class Contract(_Model):
         return parse_duration(self.max_age) if self.max_age else None
 
 
-class Route(_Model):
-    provider: Literal["openai", "gemini", "anthropic", "azure", "local"]
-    base_url: str | None = None
+class _RouteBase(_Model):
+    """What every route has, whatever serves it."""
+
     upstream_model: str | None = None
-    api_key_env: str | None = None
     timeout_s: float = Field(30.0, gt=0)
-    connect_timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(2, ge=0, le=10)
     backoff_s: float = Field(0.5, ge=0)
-    max_connections: int = Field(1024, ge=1)
     extra_fields: list[str] = []
-    # static headers sent upstream on every attempt (e.g. an organisation id); never
-    # the client's own headers, which are not forwarded
-    headers: dict[str, str] = {}
+    pricing: Pricing = Pricing()
+    contract: Contract = Contract()
     # a fan-out on a route whose contract says its provider caches prompts sends branch
     # 0 first and the others once its first byte arrived (they read its cached prompt);
     # false: all branches at once
     fanout_cache_priming: bool = True
-    # provider: anthropic (the API version header every request carries)
-    anthropic_version: str = "2023-06-01"
-    # provider: azure (set: the deployment URL form with this api-version; unset: the
-    # /openai/v1 form); upstream_model is the deployment's name
+
+
+class _HttpRoute(_RouteBase):
+    """A route served over HTTP: where, with which credential and connection pool."""
+
+    base_url: str | None = None
+    api_key_env: str | None = None
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(1024, ge=1)
+    # static headers sent upstream on every attempt (e.g. an organisation id); never
+    # the client's own headers, which are not forwarded
+    headers: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _required(self) -> _HttpRoute:
+        provider = getattr(self, "provider", "")
+        if provider in _NEEDS_BASE_URL and not self.base_url:
+            raise ValueError(f"base_url is required for provider {provider}")
+        # the upstream model is part of every URL (gemini), the deployment (azure), or
+        # required by the API (anthropic)
+        if provider in _NEEDS_MODEL and not self.upstream_model:
+            raise ValueError(f"upstream_model is required for provider {provider}")
+        return self
+
+
+_NEEDS_BASE_URL = ("openai", "azure")
+_NEEDS_MODEL = ("gemini", "anthropic", "azure")
+
+
+class OpenAIRoute(_HttpRoute):
+    """Any OpenAI-compatible Chat Completions API."""
+
+    provider: Literal["openai"]
+
+
+class AzureRoute(_HttpRoute):
+    """Azure OpenAI: set, the deployment URL form with this api-version; unset, the
+    /openai/v1 form (``upstream_model`` is the deployment's name)."""
+
+    provider: Literal["azure"]
     api_version: str | None = None
-    pricing: Pricing = Pricing()
-    contract: Contract = Contract()
-    # provider: local
+
+
+class AnthropicRoute(_HttpRoute):
+    """Anthropic's Messages API (``anthropic_version``: the header every request sends)."""
+
+    provider: Literal["anthropic"]
+    anthropic_version: str = "2023-06-01"
+
+
+class GeminiRoute(_HttpRoute):
+    """Google's Gemini API (``base_url`` defaults to Google's, providers/gemini.py)."""
+
+    provider: Literal["gemini"]
+
+
+class LocalRoute(_RouteBase):
+    """The in-process llama.cpp engine."""
+
+    provider: Literal["local"]
     model_path: str | None = None
     n_ctx: int = Field(8192, ge=256)
     max_sequences: int = Field(32, ge=1, le=256)
@@ -268,15 +332,26 @@ class Route(_Model):
     # original, or a one-off conversion to q8_0 / q4_0 (ncap.engine.weights)
     weights: Literal["auto", "original", "q8_0", "q4_0"] = "auto"
 
-    @model_validator(mode="after")
-    def _provider_fields(self) -> Route:
-        # gemini: base_url defaults to Google's Gemini API (providers/gemini.py); the
-        # upstream model is part of every URL, so it is required
-        if self.provider in ("gemini", "anthropic", "azure") and not self.upstream_model:
-            raise ValueError(f"upstream_model is required for provider {self.provider}")
-        if self.provider in ("openai", "azure") and not self.base_url:
-            raise ValueError(f"base_url is required for provider {self.provider}")
-        return self
+
+HttpRoute = OpenAIRoute | AzureRoute | AnthropicRoute | GeminiRoute
+Route = Annotated[HttpRoute | LocalRoute, Field(discriminator="provider")]
+"""A route, by the kind of provider that serves it: a local route has no ``base_url``
+and an HTTP route no ``n_ctx`` (either is an unknown field there)."""
+_ROUTE = TypeAdapter(Route)
+
+
+def parse_route(data: Any) -> OpenAIRoute | AzureRoute | AnthropicRoute | GeminiRoute | LocalRoute:
+    """One route from its mapping, by its ``provider`` (pydantic's errors as they are)."""
+    return _ROUTE.validate_python(data)
+
+
+ROUTE_KINDS: dict[str, type[_RouteBase]] = {
+    "openai": OpenAIRoute,
+    "azure": AzureRoute,
+    "anthropic": AnthropicRoute,
+    "gemini": GeminiRoute,
+    "local": LocalRoute,
+}
 
 
 class Thresholds(_Model):
@@ -459,7 +534,7 @@ def default_config() -> Config:
         workloads={"default": Workload(max_candidates=4)},
         models={"smollm2": ["local-smollm2"]},
         routes={
-            "local-smollm2": Route(
+            "local-smollm2": LocalRoute(
                 provider="local",
                 timeout_s=300,  # a long local generation on a laptop is not a failure
                 contract=Contract(
@@ -540,13 +615,26 @@ def _describe(errors: Iterable[Any], root: yaml.Node | None, source: str) -> Ite
     for err in errors:
         if not err["loc"]:
             continue  # Config._references: reported by ``_located`` with real places
-        loc = [str(part) for part in err["loc"]]
+        loc = _untagged([str(part) for part in err["loc"]])
         line = _line_of(root, loc)
         at = f" (line {line})" if line else ""
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown field {loc[-1]!r}{_field_hint(err['loc'])}"
+        elif err["type"] == "union_tag_invalid":
+            given = str(err.get("ctx", {}).get("tag", ""))
+            msg = f"unknown provider {given!r}{_hint(given, ROUTE_KINDS)}"
+        elif err["type"] == "union_tag_not_found":
+            msg = f"provider is required (one of: {', '.join(ROUTE_KINDS)})"
         yield f"{source}: {_dotted(loc)}{at}: {msg}"
+
+
+def _untagged(loc: list[str]) -> list[str]:
+    """The place as written: pydantic puts a route's kind (its ``provider`` tag) after
+    the route's id (``routes.r.openai.base_url``); the file has no such level."""
+    if len(loc) > 2 and loc[0] == "routes" and loc[2] in ROUTE_KINDS:
+        return [*loc[:2], *loc[3:]]
+    return loc
 
 
 def _field_hint(loc: tuple[Any, ...]) -> str:
@@ -563,6 +651,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     annotation: Any = Config
     for part in loc:
         annotation = _unwrap(annotation)
+        if get_origin(annotation) is Annotated and str(part) in ROUTE_KINDS:
+            annotation = ROUTE_KINDS[str(part)]  # the route's kind, from its tag
+            continue
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             field = annotation.model_fields.get(str(part))
             if field is None:
@@ -631,27 +722,10 @@ def _contract_warnings(rid: str, contract: Contract, now: datetime) -> list[tupl
     return []
 
 
-_LOCAL_ONLY = (
-    "model_path",
-    "n_ctx",
-    "max_sequences",
-    "max_queue",
-    "threads",
-    "weights",
-    "prefix_cache_tokens",
-)
-_REMOTE_ONLY = ("base_url", "api_key_env", "headers", "connect_timeout_s", "max_connections")
-
-
 def resolved(config: Config) -> dict[str, Any]:
-    """The config with every default filled in, each route showing only the fields its
-    provider uses (``check-config`` prints this)."""
-    out = config.model_dump(mode="json")
-    for rid, route in config.routes.items():
-        hidden = _LOCAL_ONLY if route.provider != "local" else _REMOTE_ONLY
-        for name in hidden:
-            out["routes"][rid].pop(name, None)
-    return out
+    """The config with every default filled in (each route has only the fields of its
+    provider's kind; ``check-config`` prints this)."""
+    return config.model_dump(mode="json")
 
 
 def _line_of(node: yaml.Node | None, loc: list[str]) -> int | None:

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from ncap.config import Route
+from ncap.config import GeminiRoute
 from ncap.errors import InvalidRequest, InvalidValue, RouteDoesNotSupportCandidates
 from ncap.lifecycle.failures import client_error, may_fall_back, retryable
 from ncap.providers import transport
@@ -62,7 +62,7 @@ async def _upstream(
 
 
 def _provider(base_url: str | None, model: str = "gemini-2.5-flash") -> GeminiProvider:
-    route = Route(
+    route = GeminiRoute(
         provider="gemini", base_url=base_url, upstream_model=model, api_key_env="NCAP_T_GKEY"
     )
     return GeminiProvider(route, route_id="g")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from ncap.config import Route
+from ncap.config import OpenAIRoute
 from ncap.lifecycle.failures import retryable
 from ncap.providers.base import AttemptFailed
 from ncap.providers.openai import OpenAIProvider
@@ -84,7 +84,7 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 @pytest.fixture
 async def provider(upstream: Upstream) -> AsyncIterator[OpenAIProvider]:
-    p = OpenAIProvider(Route(provider="openai", base_url=upstream.url), route_id="r")
+    p = OpenAIProvider(OpenAIRoute(provider="openai", base_url=upstream.url), route_id="r")
     yield p
     await p.aclose()
 

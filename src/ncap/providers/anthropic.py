@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from ncap.config import Route
+from ncap.config import AnthropicRoute
 from ncap.errors import InvalidValue
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.validate import CHAT_FIELDS
@@ -52,7 +52,7 @@ class AnthropicProvider:
     """One route's Anthropic model: one transport (one pool of the route's
     ``max_connections``) for whole and streamed answers."""
 
-    def __init__(self, route: Route, *, route_id: str) -> None:
+    def __init__(self, route: AnthropicRoute, *, route_id: str) -> None:
         assert route.upstream_model is not None  # config.Route requires it for anthropic
         self.route_id = route_id
         self.model = route.upstream_model

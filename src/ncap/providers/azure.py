@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from ncap.config import Route
+from ncap.config import AzureRoute
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamErrorDetail
 from ncap.providers.credentials import route_headers
 from ncap.providers.openai import OpenAIProvider
@@ -48,7 +48,7 @@ class _AzureEnvelope(msgspec.Struct):
 _decode_error = msgspec.json.Decoder(_AzureEnvelope).decode
 
 
-def azure_urls(route: Route) -> dict[RequestKind, str]:
+def azure_urls(route: AzureRoute) -> dict[RequestKind, str]:
     """The endpoint URLs of the route's form (see the module docstring)."""
     assert route.base_url is not None and route.upstream_model is not None
     base = route.base_url.rstrip("/")
@@ -60,7 +60,7 @@ def azure_urls(route: Route) -> dict[RequestKind, str]:
     return {kind: f"{root}/{path}?api-version={version}" for kind, path in _PATHS.items()}
 
 
-def azure_provider(route: Route, *, route_id: str) -> OpenAIProvider:
+def azure_provider(route: AzureRoute, *, route_id: str) -> OpenAIProvider:
     headers = route_headers(route, route_id, header="api-key", scheme="")
     return OpenAIProvider(
         route, route_id=route_id, urls=azure_urls(route), headers=headers, failure_of=azure_failure

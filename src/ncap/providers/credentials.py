@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ncap.config import Route
+from ncap.config import HttpRoute
 
 __all__ = ["route_headers"]
 
@@ -15,7 +15,7 @@ log = logging.getLogger("ncap.providers")
 
 
 def route_headers(
-    route: Route, route_id: str, *, header: str = "Authorization", scheme: str = "Bearer "
+    route: HttpRoute, route_id: str, *, header: str = "Authorization", scheme: str = "Bearer "
 ) -> dict[str, str]:
     """``header: scheme + key`` when the route's key variable is set; a warning (once,
     when the provider is built) when it names a variable that is not set."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from ncap.config import Route
+from ncap.config import GeminiRoute
 from ncap.errors import InvalidValue
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.validate import CHAT_FIELDS
@@ -61,7 +61,7 @@ class GeminiProvider:
     """One route's Gemini model: one transport (one pool of the route's
     ``max_connections``, opened on first use) for both methods, whole and streamed."""
 
-    def __init__(self, route: Route, *, route_id: str) -> None:
+    def __init__(self, route: GeminiRoute, *, route_id: str) -> None:
         assert route.upstream_model is not None  # config.Route requires it for gemini
         self.route_id = route_id
         self.model = route.upstream_model
@@ -120,7 +120,7 @@ class GeminiProvider:
         return _encode(to_gemini_request(request, replay_signature=self._replay))
 
 
-def _transport(route: Route, url: str, headers: Mapping[str, str]) -> HttpTransport:
+def _transport(route: GeminiRoute, url: str, headers: Mapping[str, str]) -> HttpTransport:
     return HttpTransport(
         url,
         headers=headers,

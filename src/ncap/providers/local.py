@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from ncap.config import Route
+from ncap.config import LocalRoute
 from ncap.engine import (
     ChatChunks,
     Engine,
@@ -45,7 +45,7 @@ __all__ = ["LocalProvider"]
 _encode = msgspec.json.Encoder().encode
 
 
-def settings_from_route(route: Route) -> EngineSettings:
+def settings_from_route(route: LocalRoute) -> EngineSettings:
     return EngineSettings(
         model_path=route.model_path,
         n_ctx=route.n_ctx,
@@ -60,7 +60,9 @@ def settings_from_route(route: Route) -> EngineSettings:
 class LocalProvider:
     """One engine per route, shared by all its requests (continuous batching)."""
 
-    def __init__(self, route: Route, *, route_id: str = "", default_model: str = "smollm2") -> None:
+    def __init__(
+        self, route: LocalRoute, *, route_id: str = "", default_model: str = "smollm2"
+    ) -> None:
         self._settings = settings_from_route(route)
         self._default_model = default_model
         self._engine: Engine | None = None

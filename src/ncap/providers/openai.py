@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from ncap.config import Route
+from ncap.config import HttpRoute
 from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
 from ncap.providers.base import (
     AttemptFailed,
@@ -48,7 +48,7 @@ class OpenAIProvider:
 
     def __init__(
         self,
-        route: Route,
+        route: HttpRoute,
         *,
         route_id: str,
         urls: Mapping[RequestKind, str] | None = None,
