@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -23,6 +23,11 @@ unit: setup
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# the installed packages against the PyPA/OSV advisory databases (needs the network,
+# so it is not part of `make test`; see docs/reliability.md, "Dependency audit")
+audit: setup
+	$(BIN)/pip-audit --progress-spinner off --skip-editable
 
 # mutation testing of the accounting core ([tool.mutmut] in pyproject.toml); not part of
 # `make test`. Low parallelism by default: it is CPU-heavy. Results: docs/mutation.md.

@@ -10,6 +10,7 @@ fix files faster from a full list.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import re
 import types
@@ -101,6 +102,16 @@ class Server(_Model):
     # (off: a repeat gets 409 naming the first request)
     idempotency_ttl_s: float = Field(86400.0, gt=0)
     idempotency_keep_answers: bool = False
+    # a bearer token /metrics, /readyz and /openapi.json require (the admin key is
+    # accepted too), in this environment variable; None: they are open (/healthz is)
+    operations_key_env: str | None = None
+    # the dashboard's session cookie: Secure always (true: behind a TLS-terminating
+    # proxy, where the gateway itself sees plain HTTP), never (false), or as the
+    # connection is (null)
+    secure_cookies: bool | None = None
+    # failed admin authentications (a wrong admin key, a forged or ended session) per
+    # client address and minute; past it every admin attempt from there gets 429
+    admin_auth_failures_per_minute: int = Field(10, ge=1)
 
     @property
     def is_loopback(self) -> bool:
@@ -152,14 +163,48 @@ class Limits(_Model):
     # and a streamed answer's client must take each chunk within the other
     body_timeout_s: float = Field(30, gt=0)
     stream_write_timeout_s: float = Field(30, gt=0)
+    # the most bytes read of one upstream answer, for routes without their own
+    # ``max_answer_bytes``; None: derived per request from n x its output ceiling
+    max_upstream_answer_bytes: int | None = Field(None, ge=1024)
+
+
+# strings people put in an example or a first test: their SHA-256 is no secret, and a
+# key that hashes to one would let anyone in (an example config's "placeholders" once did)
+_WELL_KNOWN_KEYS = (
+    *("", "test", "test1", "test2", "test123", "testing", "password", "passw0rd", "secret"),
+    *("changeme", "change-me", "admin", "root", "key", "apikey", "api-key", "api_key"),
+    *("sk-test", "sk-xxx", "sk-...", "token", "1234", "12345", "123456", "12345678"),
+    *("letmein", "example", "placeholder", "your-api-key", "YOUR_API_KEY", "YOUR_KEY"),
+    *("your-key", "ncap", "demo", "default", "foo", "bar", "qwerty", "dev", "local"),
+)
+WEAK_KEY_HASHES = frozenset(
+    "sha256:" + hashlib.sha256(k.encode()).hexdigest() for k in _WELL_KNOWN_KEYS
+)
+
+
+# what an admin or a config names (an exception's id, a key's environment): it reaches
+# metric labels, the ledger and URLs, so it is short and plain
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$"
+# a key's label (for `ncap keys list` / `revoke`): the same, spaces allowed inside
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+ -]{0,63}$"
 
 
 class KeyEntry(_Model):
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     workload: str
-    environment: str = "production"
-    label: str | None = None  # a name for `ncap keys list` / `ncap keys revoke`
+    environment: str = Field("production", pattern=ID_PATTERN)
+    label: str | None = Field(None, pattern=LABEL_PATTERN)  # `ncap keys list` / `revoke`
     created: datetime | None = None
+
+    @field_validator("hash")
+    @classmethod
+    def _not_well_known(cls, v: str) -> str:
+        if v in WEAK_KEY_HASHES:
+            raise ValueError(
+                "this is the SHA-256 of a well-known string (such as 'test' or 'password'): "
+                "anyone could send it as a key; create one with `ncap keys create`"
+            )
+        return v
 
 
 class Workload(_Model):
@@ -179,14 +224,14 @@ class Workload(_Model):
 
 
 class ExceptionGrant(_Model):
-    id: str
+    id: str = Field(pattern=ID_PATTERN)
     workload: str
-    owner: str
+    owner: str = Field(min_length=1, max_length=256)
     max_candidates: int = Field(ge=1, le=128)
     output_ceiling: int | None = Field(None, ge=1)
     budget_usd: float | None = Field(None, ge=0)
     expires: datetime
-    reason: str = ""
+    reason: str = Field("", max_length=2000)
 
     @field_validator("expires")
     @classmethod
@@ -273,6 +318,10 @@ class _HttpRoute(_RouteBase):
     # static headers sent upstream on every attempt (e.g. an organisation id); never
     # the client's own headers, which are not forwarded
     headers: dict[str, str] = {}
+    # the most bytes read of one answer (decompressed; a stream's bytes in all); past it
+    # the attempt fails with a 502. None: ``limits.max_upstream_answer_bytes``, else
+    # 1 MiB + 4 KiB per token the request allows (n x its output ceiling)
+    max_answer_bytes: int | None = Field(None, ge=1024)
 
     @model_validator(mode="after")
     def _required(self) -> _HttpRoute:
@@ -338,6 +387,15 @@ Route = Annotated[HttpRoute | LocalRoute, Field(discriminator="provider")]
 """A route, by the kind of provider that serves it: a local route has no ``base_url``
 and an HTTP route no ``n_ctx`` (either is an unknown field there)."""
 _ROUTE = TypeAdapter(Route)
+
+
+def _reads_answers(route: Any) -> bool:
+    """A route (as written) of a kind that reads answers over HTTP, without its own
+    ``max_answer_bytes`` (the local engine's answers are its own)."""
+    if not isinstance(route, Mapping) or route.get("max_answer_bytes") is not None:
+        return False
+    kind = ROUTE_KINDS.get(str(route.get("provider")))
+    return kind is not None and "max_answer_bytes" in kind.model_fields
 
 
 def parse_route(data: Any) -> OpenAIRoute | AzureRoute | AnthropicRoute | GeminiRoute | LocalRoute:
@@ -435,6 +493,23 @@ class Config(_Model):
     reports: Reports = Reports()
     observability: Observability = Observability()
     alerts: BudgetAlerts = BudgetAlerts()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _answer_bound(cls, data: Any) -> Any:
+        """``limits.max_upstream_answer_bytes`` is every route's ``max_answer_bytes``
+        unless the route sets its own (a provider only sees its route)."""
+        if not isinstance(data, Mapping):
+            return data
+        limits, routes = data.get("limits"), data.get("routes")
+        bound = limits.get("max_upstream_answer_bytes") if isinstance(limits, Mapping) else None
+        if bound is None or not isinstance(routes, Mapping):
+            return data
+        filled = {
+            rid: {**r, "max_answer_bytes": bound} if _reads_answers(r) else r
+            for rid, r in routes.items()
+        }
+        return {**data, "routes": filled}
 
     @model_validator(mode="after")
     def _references(self) -> Config:
@@ -683,6 +758,15 @@ def warnings_for(config: Config, text: str, source: str, now: datetime) -> list[
     except yaml.YAMLError:
         root = None
     found: list[tuple[Loc, str]] = []
+    if not config.server.is_loopback and config.server.operations_key_env is None:
+        found.append(
+            (
+                ("server", "host"),
+                f"bound to {config.server.host} without server.operations_key_env: /metrics, "
+                "/readyz and /openapi.json (spend and limits per workload, route and "
+                "exception ids) answer anyone who can reach it",
+            )
+        )
     for rid, route in config.routes.items():
         found += _contract_warnings(rid, route.contract, now)
     for i, grant in enumerate(config.exceptions):

@@ -64,7 +64,11 @@ CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
         "upstream_error",
     ),
     (AttemptFailed("status", 500), "other_status", "upstream_error", 502, "upstream_error"),
-    (AttemptFailed("status", 302), "unexpected_status", "upstream_error", 502, "upstream_error"),
+    (AttemptFailed("status", 204), "unexpected_status", "upstream_error", 502, "upstream_error"),
+    # a redirect is never followed; an answer past its bound is not read on
+    (AttemptFailed("status", 307), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 301), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("oversized", 200), "oversized", "upstream_error", 502, "upstream_error"),
 ]
 
 

@@ -78,6 +78,7 @@ def serve(
     from aiohttp import web
 
     from ncap.cli.workers import refuse_unshared, supervise
+    from ncap.errors import ConfigError
     from ncap.http.app import create_app
 
     cfg = load_or_exit(config)
@@ -107,8 +108,12 @@ def serve(
         from ncap.http.signals import log_access_to_stdout
 
         log_access_to_stdout()
+    try:
+        gateway = create_app(cfg)
+    except ConfigError as exc:
+        err.print(f"[red]refusing to start[/red]: {exc}", highlight=False)
+        raise typer.Exit(2) from None
     err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
-    gateway = create_app(cfg)
     gateway.on_startup.append(_settle_the_heap)
     web.run_app(
         gateway,

@@ -16,6 +16,8 @@ restarts and across replicas sharing the ledger database. Only the winner posts.
 The post is JSON with a Slack-compatible ``text`` and the same facts under ``ncap``;
 it is retried ``retries`` times with exponential backoff on a connection error, a
 timeout, a 429 or a 5xx, then given up (logged; the row stays ``delivered = 0``).
+A redirect is never followed (the webhook URL is often itself a secret, and the post
+must not go to an origin the receiver names): a 3xx is a refusal, not retried.
 """
 
 from __future__ import annotations
@@ -146,7 +148,9 @@ class BudgetAlerter:
             if attempt:
                 await asyncio.sleep(settings.backoff_s * 2 ** (attempt - 1))
             try:
-                async with self._client().post(url, json=payload, timeout=timeout) as reply:
+                async with self._client().post(
+                    url, json=payload, timeout=timeout, allow_redirects=False
+                ) as reply:
                     if reply.status < 300:
                         return True
                     if reply.status != 429 and reply.status < 500:

@@ -62,9 +62,11 @@ FailureClass = Literal[
     "refused",
     "connection",
     "unreadable",
+    "oversized",
     "rate_limited",
     "slow_down",
     "overloaded",
+    "redirected",
     "request_rejected",
     "candidates_refused",
     "credential_refused",
@@ -85,6 +87,10 @@ def _timeout(_: AttemptFailed) -> NcapError:
 
 def _failed(_: AttemptFailed) -> NcapError:
     return UpstreamError("The upstream failed to answer.")
+
+
+def _oversized(f: AttemptFailed) -> NcapError:
+    return UpstreamError(f"The upstream's answer was larger than the gateway reads ({f.detail}).")
 
 
 def _rate_limited(f: AttemptFailed) -> NcapError:
@@ -111,6 +117,12 @@ def _relayed(f: AttemptFailed) -> NcapError:
         return UpstreamError(f"The upstream rejected the request (status {f.status}).")
     err = f.error
     return InvalidRequest(f"Upstream: {err.message}", param=err.param, code=err.code)
+
+
+def _redirected(f: AttemptFailed) -> NcapError:
+    return UpstreamError(
+        f"The upstream answered with a redirect (status {f.status}), which is never followed."
+    )
 
 
 def _status(f: AttemptFailed) -> NcapError:
@@ -150,9 +162,14 @@ TABLE: dict[FailureClass, Rule] = {
     "refused": Rule("rejected", _failed, retry=True, fallback=True),
     "connection": Rule("connection_error", _failed, retry=True, fallback=True),
     "unreadable": Rule("upstream_error", _failed, retry=False, fallback=False),
+    # past the route's answer bound: it generated (and may bill) what it sent
+    "oversized": Rule("upstream_error", _oversized, retry=False, fallback=False),
     "rate_limited": Rule("rejected", _rate_limited, retry=True, fallback=True),
     "slow_down": Rule("rejected", _slow_down, retry=True, fallback=True),
     "overloaded": Rule("rejected", _overloaded, retry=True, fallback=True),
+    # a 3xx: never followed (the credential and prompt would go to another origin); the
+    # route's own retry would be redirected again, another route may serve
+    "redirected": Rule("rejected", _redirected, retry=False, fallback=True),
     # the request's own fault (400/404/422): the upstream's message, no other route
     "request_rejected": Rule("rejected", _relayed, retry=False, fallback=False),
     # the route's limits, not the request's fault: another route may serve
@@ -164,10 +181,10 @@ TABLE: dict[FailureClass, Rule] = {
     # the contract: error answers are unbilled
     "error_answer": Rule("unbilled_error", _status, retry=True, fallback=True),
     "other_status": Rule("upstream_error", _status, retry=True, fallback=True),  # 5xx
-    # neither an answer nor an error status (a 3xx: redirects are not followed)
+    # neither an answer nor an error status (a 2xx other than 200)
     "unexpected_status": Rule("upstream_error", _status, retry=False, fallback=False),
 }
-"""Failure class → what it means. A refusal (429, 503, any 4xx) is an attempt that
+"""Failure class → what it means. A refusal (3xx, 429, 503, any 4xx) is an attempt that
 generated nothing, and so is an error answer on an ``unbilled`` route; anything else
 may have."""
 
@@ -179,6 +196,8 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
         return "timeout"
     if f.kind == "connection":
         return "connection" if f.dispatched else "refused"
+    if f.kind == "oversized":
+        return "oversized"
     if f.kind == "protocol" or f.status is None:
         return "unreadable"
     cls = _status_class(f.status, f.error.code if f.error is not None else None)
@@ -188,6 +207,8 @@ def classify(f: AttemptFailed, *, unbilled_errors: bool = False) -> FailureClass
 
 
 def _status_class(status: int, code: str | None) -> FailureClass:
+    if 300 <= status < 400:
+        return "redirected"
     if status == 429:
         return "rate_limited" if code == "rate_limit_exceeded" else "slow_down"
     if status in (503, 529):  # 529: Anthropic's overloaded_error

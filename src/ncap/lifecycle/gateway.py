@@ -170,8 +170,9 @@ class Gateway:
         route_ids = self.config.models.get(alias)
         workload = self.config.workloads[caller.workload_id]
         if route_ids is None or not workload.allows_model(alias):
+            shown = alias if len(alias) <= 128 else alias[:128] + "…"  # a client's text
             raise ModelNotFound(
-                f"The model `{alias}` does not exist or you do not have access to it.",
+                f"The model `{shown}` does not exist or you do not have access to it.",
                 param="model",
             )
         return [self.routes[rid] for rid in route_ids]

@@ -46,6 +46,7 @@ from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRunti
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
+from ncap.redact import bounded_id
 from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
 
 __all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
@@ -413,7 +414,8 @@ class Accounting:
         else:
             final = {}
         final.update(
-            provider_request_id=report.provider_request_id,
+            # an upstream's id as it sent it is untrusted: the ledger keeps plausible ids only
+            provider_request_id=bounded_id(report.provider_request_id),
             returned_candidate_count=0 if rejected else report.returned,
             finish_reasons=report.finish_reasons,
             usage_source=_usage_source(usage, report.stream, outcome),

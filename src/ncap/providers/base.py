@@ -28,7 +28,7 @@ __all__ = [
     "UpstreamResult",
 ]
 
-FailureKind = Literal["status", "timeout", "connection", "protocol"]
+FailureKind = Literal["status", "timeout", "connection", "protocol", "oversized"]
 RequestKind = Literal["chat", "completions"]
 """Which OpenAI endpoint the body is for: ``/chat/completions`` or the legacy
 ``/completions`` (a ``prompt`` instead of ``messages``, ``best_of``)."""

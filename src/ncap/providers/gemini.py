@@ -43,7 +43,7 @@ from ncap.providers.openai_gemini import (
     to_gemini_request,
     translate_error,
 )
-from ncap.providers.transport import HttpTransport, mapped
+from ncap.providers.transport import HttpTransport, answer_limit, bounded, mapped
 from ncap.streaming.sse import StreamEvent
 from ncap.streaming.sse_data import iter_data
 
@@ -65,6 +65,7 @@ class GeminiProvider:
         assert route.upstream_model is not None  # config.Route requires it for gemini
         self.route_id = route_id
         self.model = route.upstream_model
+        self._max_answer = route.max_answer_bytes
         base = (route.base_url or DEFAULT_BASE_URL).rstrip("/") + f"/models/{self.model}"
         self._replay = _SKIP_SIGNATURE if _GEMINI_3.match(self.model) else None
         headers = route_headers(route, route_id, header="x-goog-api-key", scheme="")
@@ -75,10 +76,11 @@ class GeminiProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         data = self._request(body, kind)
-        payload, headers = await self._transport.post(data, timeout=timeout)
+        limit = answer_limit(body, self._max_answer)
+        payload, headers = await self._transport.post(data, timeout=timeout, limit=limit)
         try:
             resp = decode_response(payload)
-            rid = resp.response_id or headers.get("x-request-id")
+            rid = self._transport.scrub_id(resp.response_id or headers.get("x-request-id"))
             completion = to_chat_completion(
                 resp,
                 completion_id=_completion_id(rid),
@@ -87,7 +89,7 @@ class GeminiProvider:
                 provider_request_id=rid,
             )
         except GeminiError as exc:
-            raise as_attempt_failed(exc) from exc
+            raise self._transport.scrub(as_attempt_failed(exc)) from exc
         return UpstreamResult(200, _encode(completion), summarize(completion), rid)
 
     @asynccontextmanager
@@ -96,13 +98,14 @@ class GeminiProvider:
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         data = self._request(body, kind)
         async with self._transport.open(data, timeout=timeout, url=self._stream_url) as resp:
-            payloads = aiter(iter_data(resp.content))
+            limit = answer_limit(body, self._max_answer)
+            payloads = aiter(_scrubbed(iter_data(bounded(resp.content, limit)), self._transport))
             first = await _first(payloads)
-            rid = _response_id(first)
+            rid = self._transport.scrub_id(_response_id(first))
             translator = GeminiStream(
                 completion_id=_completion_id(rid), created=int(time.time()), model=self.model
             )
-            yield rid, _events(translator, first, payloads)
+            yield rid, _events(translator, first, payloads, self._transport)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
@@ -146,13 +149,24 @@ def _response_id(data: bytes | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
+async def _scrubbed(
+    payloads: AsyncIterator[bytes], transport: HttpTransport
+) -> AsyncIterator[bytes]:
+    """Each event's payload without the route's secrets, should the upstream echo them."""
+    async for payload in payloads:
+        yield transport.scrub_bytes(payload)
+
+
 async def _first(payloads: AsyncIterator[bytes]) -> bytes | None:
     with mapped():
         return await anext(payloads, None)
 
 
 async def _events(
-    translator: GeminiStream, first: bytes | None, payloads: AsyncIterator[bytes]
+    translator: GeminiStream,
+    first: bytes | None,
+    payloads: AsyncIterator[bytes],
+    transport: HttpTransport,
 ) -> AsyncIterator[StreamEvent]:
     """Gemini payloads → OpenAI events. A failure before anything was yielded is the
     attempt's (retryable, unrelayed); after that, a cut of a partly relayed stream."""
@@ -162,7 +176,7 @@ async def _events(
         try:
             events = translator.events(data)
         except GeminiError as exc:
-            raise as_attempt_failed(exc, partial=relayed) from exc
+            raise transport.scrub(as_attempt_failed(exc, partial=relayed)) from exc
         for event in events:
             relayed = True
             yield event

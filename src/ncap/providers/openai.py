@@ -10,7 +10,7 @@ read here, once, into the failure's ``UpstreamErrorDetail``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +26,14 @@ from ncap.providers.base import (
     UpstreamResult,
 )
 from ncap.providers.credentials import route_headers
-from ncap.providers.transport import FailureOf, HttpTransport, mapped, parse_retry_after
+from ncap.providers.transport import (
+    FailureOf,
+    HttpTransport,
+    answer_limit,
+    bounded,
+    mapped,
+    parse_retry_after,
+)
 from ncap.streaming.sse import MalformedEvent, StreamEvent, iter_events
 
 __all__ = ["OpenAIProvider", "openai_failure", "parse_retry_after"]
@@ -56,6 +63,7 @@ class OpenAIProvider:
         failure_of: FailureOf | None = None,
     ) -> None:
         self.route_id = route_id
+        self._max_answer = route.max_answer_bytes
         if urls is None:
             assert route.base_url is not None
             base = route.base_url.rstrip("/")
@@ -78,7 +86,8 @@ class OpenAIProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         transport = self._transports[kind]
-        payload, headers = await transport.post(_encode(body), timeout=timeout)
+        limit = answer_limit(body, self._max_answer)
+        payload, headers = await transport.post(_encode(body), timeout=timeout, limit=limit)
         request_id = transport.request_id(headers)
         try:
             summary = _summary.decode(payload)
@@ -86,7 +95,7 @@ class OpenAIProvider:
             raise AttemptFailed(
                 "protocol", 200, provider_request_id=request_id, detail=str(exc)
             ) from exc
-        return UpstreamResult(200, payload, summary, request_id or summary.id)
+        return UpstreamResult(200, payload, summary, request_id or transport.scrub_id(summary.id))
 
     @asynccontextmanager
     async def stream(
@@ -95,7 +104,8 @@ class OpenAIProvider:
         transport = self._transports[kind]
         async with transport.open(_encode(body), timeout=timeout) as resp:
             request_id = transport.request_id(resp.headers)
-            yield request_id, _events(resp, request_id)
+            limit = answer_limit(body, self._max_answer)
+            yield request_id, _events(resp, request_id, limit, transport.scrub_bytes)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
@@ -103,14 +113,20 @@ class OpenAIProvider:
 
 
 async def _events(
-    resp: aiohttp.ClientResponse, request_id: str | None
+    resp: aiohttp.ClientResponse,
+    request_id: str | None,
+    limit: int,
+    scrub: Callable[[bytes], bytes],
 ) -> AsyncIterator[StreamEvent]:
     """The body's events, read in chunks (``iter_events`` splits the lines, so a long
-    event line is no aiohttp ``LineTooLong``); a failure carries the request id, which
-    a stream whose first event fails would otherwise lose."""
+    event line is no aiohttp ``LineTooLong``), at most ``limit`` bytes in all; a failure
+    carries the request id, which a stream whose first event fails would otherwise lose."""
     with mapped(partial=True, provider_request_id=request_id):
         try:
-            async for event in iter_events(resp.content.iter_any()):
+            async for event in iter_events(bounded(resp.content.iter_any(), limit)):
+                raw = scrub(event.raw)  # the route's secrets, should the upstream echo them
+                if raw is not event.raw:
+                    event = msgspec.structs.replace(event, raw=raw, data=scrub(event.data))
                 yield event
         except MalformedEvent as exc:
             raise AttemptFailed("protocol", 200, detail=str(exc), partial=True) from exc
