@@ -37,7 +37,7 @@ from ncap.providers.openai_anthropic import (
     to_anthropic_request,
     to_chat_completion,
 )
-from ncap.providers.transport import HttpTransport, mapped
+from ncap.providers.transport import HttpTransport, answer_limit, bounded, mapped
 from ncap.streaming.sse import StreamEvent
 from ncap.streaming.sse_data import iter_data
 
@@ -56,6 +56,7 @@ class AnthropicProvider:
         assert route.upstream_model is not None  # config.Route requires it for anthropic
         self.route_id = route_id
         self.model = route.upstream_model
+        self._max_answer = route.max_answer_bytes
         headers = route_headers(route, route_id, header="x-api-key", scheme="")
         headers["anthropic-version"] = route.anthropic_version
         self._transport = HttpTransport(
@@ -71,7 +72,8 @@ class AnthropicProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         data, shape = self._request(body, kind)
-        payload, headers = await self._transport.post(data, timeout=timeout)
+        limit = answer_limit(body, self._max_answer)
+        payload, headers = await self._transport.post(data, timeout=timeout, limit=limit)
         rid = self._transport.request_id(headers)
         try:
             msg = decode_message(payload)
@@ -84,7 +86,8 @@ class AnthropicProvider:
             model=self.model,
             shape=shape,
         )
-        return UpstreamResult(200, _encode(completion), summarize(completion), rid or msg.id)
+        rid = rid or self._transport.scrub_id(msg.id)
+        return UpstreamResult(200, _encode(completion), summarize(completion), rid)
 
     @asynccontextmanager
     async def stream(
@@ -99,7 +102,10 @@ class AnthropicProvider:
                 model=self.model,
                 shape=shape,
             )
-            yield rid, _events(translator, aiter(iter_data(resp.content)), rid)
+            limit = answer_limit(body, self._max_answer)
+            transport = self._transport
+            payloads = aiter(_scrubbed(iter_data(bounded(resp.content, limit)), transport))
+            yield rid, _events(translator, payloads, rid, transport)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
@@ -118,8 +124,19 @@ class AnthropicProvider:
         return _encode(out), shape
 
 
+async def _scrubbed(
+    payloads: AsyncIterator[bytes], transport: HttpTransport
+) -> AsyncIterator[bytes]:
+    """Each event's data without the route's secrets, should the upstream echo them."""
+    async for payload in payloads:
+        yield transport.scrub_bytes(payload)
+
+
 async def _events(
-    translator: AnthropicStream, payloads: AsyncIterator[bytes], rid: str | None
+    translator: AnthropicStream,
+    payloads: AsyncIterator[bytes],
+    rid: str | None,
+    transport: HttpTransport,
 ) -> AsyncIterator[StreamEvent]:
     """Anthropic payloads → OpenAI events. A failure before anything was relayed is the
     attempt's (retryable per the table); after that, a cut of a partly relayed stream."""
@@ -134,7 +151,7 @@ async def _events(
         except AttemptFailed as exc:
             exc.partial = exc.partial or relayed
             exc.provider_request_id = exc.provider_request_id or rid
-            raise
+            raise transport.scrub(exc) from None
         for event in events:
             relayed = True
             yield event
