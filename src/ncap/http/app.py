@@ -47,7 +47,7 @@ from ncap.http.signals import RequestSignals, tracer_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
-from ncap.providers import provider_for
+from ncap.providers import capabilities_of, provider_for
 from ncap.providers.base import Provider, RequestKind
 from ncap.stores import (
     Identity,
@@ -454,7 +454,7 @@ async def metrics(request: web.Request) -> web.Response:
 def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
     """Remote routes report their health; the local engine has its own queue gauge."""
     provider = provider_for(route, route_id=route_id)
-    if route.provider != "local":
+    if not capabilities_of(route.provider).in_process:
         return ObservedProvider(provider, route_id, metrics)
     return provider
 
@@ -462,7 +462,7 @@ def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
     """Load local models before serving (not on the first request) and export the
     engine's queue depth."""
-    local_routes = [rt for rt in routes if rt.route.provider == "local"]
+    local_routes = [rt for rt in routes if rt.capabilities.in_process]
     if not local_routes:
         return
     from ncap.providers.local import LocalProvider
@@ -497,7 +497,16 @@ def _request_signals(config: Config, tracer_provider: Any) -> RequestSignals:
 
 
 def _route_runtimes(config: Config, metrics: Metrics) -> dict[str, RouteRuntime]:
-    """Each configured route with its provider (remote ones report their health)."""
+    """Each configured route with its provider (remote ones report their health); a
+    contract asking a provider for a candidate mode it does not have is refused here."""
+    for rid, route in config.routes.items():
+        mode = route.contract.candidates
+        caps = capabilities_of(route.provider)
+        if mode in ("native", "emulate") and mode not in caps.candidates:
+            raise ConfigError(
+                f"routes.{rid}.contract.candidates: {caps.title} route has no native n; "
+                "use candidates: emulate (fan-out)"
+            )
     return {
         rid: RouteRuntime(rid, route, _observed(route, rid, metrics))
         for rid, route in config.routes.items()

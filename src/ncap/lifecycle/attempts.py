@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ncap.config import Route
 from ncap.errors import NcapError
-from ncap.lifecycle.failures import as_failure, client_error
+from ncap.lifecycle.failures import as_failure, client_error, may_fall_back, retryable
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
@@ -62,9 +62,9 @@ class Attempts:
                     return attempt, await call(attempt)
                 except AttemptFailed as exc:
                     last = exc
-                    if exc.retryable:
+                    if retryable(exc):
                         continue
-                    if exc.client_fault is False:
+                    if may_fall_back(exc):
                         break  # the route's limit, not the request's: a fallback may serve
                     raise _told(client_error(exc), plan, rt) from None
         assert last is not None
