@@ -1,4 +1,4 @@
-"""The YAML configuration (SPEC Appendix A), validated on load.
+"""The YAML configuration (docs/configuration.md), validated on load.
 
 Every field has a default, so an empty file (or none) is the embedded default. The
 loader collects *every* problem with its location (``routes.primary-chat.contract.
@@ -17,19 +17,34 @@ import types
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ncap.errors import ConfigError
 
 __all__ = [
+    "ROUTE_KINDS",
+    "AnthropicRoute",
+    "AzureRoute",
     "Config",
     "Contract",
     "ExceptionGrant",
+    "GeminiRoute",
+    "HttpRoute",
     "KeyEntry",
     "LedgerDurability",
+    "LocalRoute",
+    "OpenAIRoute",
     "Pricing",
     "Reports",
     "Route",
@@ -39,6 +54,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "parse_duration",
+    "parse_route",
     "reference_problems",
     "resolved",
     "warnings_for",
@@ -117,7 +133,7 @@ LedgerDurability = Literal["normal", "full"]
 
 class Stores(_Model):
     ledger: str = "sqlite:///.ncap/ledger.db"
-    # in-process counters rebuilt from the ledger at start-up (SPEC §2, Appendix A)
+    # in-process counters rebuilt from the ledger at start-up (the embedded default)
     budgets: str = "memory://"
     # SQLite ledger: normal survives kill -9, full also power loss (docs/configuration.md)
     ledger_durability: LedgerDurability = "normal"
@@ -143,7 +159,7 @@ class Stores(_Model):
 class Limits(_Model):
     max_candidates_absolute: int = Field(16, ge=1, le=128)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    # issue 15: the rest of the request's size limits (see http/limits.py)
+    # the rest of the request's size limits (see http/limits.py)
     max_header_bytes: int = Field(8190, ge=1024)  # one header line (aiohttp's default)
     max_headers: int = Field(100, ge=8)
     max_messages: int = Field(2048, ge=1)
@@ -231,6 +247,9 @@ class ExceptionGrant(_Model):
 class Pricing(_Model):
     input_per_mtok: float = Field(0.0, ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
+    # prompt tokens written to the provider's cache (Anthropic: 125 % of input); unset:
+    # the input price
+    cache_write_input_per_mtok: float | None = Field(None, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
 
 
@@ -252,6 +271,9 @@ class Contract(_Model):
     # about billing: ``unbilled`` (nothing was generated: settle at zero) or ``unknown``
     # (hold the reservation until reconciled); see docs/configuration.md
     error_responses: Literal["unbilled", "unknown"] = "unbilled"
+    # the provider caches a repeated prompt prefix and bills the cached part at its
+    # cached rate (``ncap probe`` records it when a repeat reports cached tokens)
+    prompt_cache: bool = False
 
     @field_validator("max_age", mode="before")
     @classmethod
@@ -273,17 +295,29 @@ class Contract(_Model):
         return parse_duration(self.max_age) if self.max_age else None
 
 
-class Route(_Model):
-    provider: Literal["openai", "gemini", "local"]
-    base_url: str | None = None
+class _RouteBase(_Model):
+    """What every route has, whatever serves it."""
+
     upstream_model: str | None = None
-    api_key_env: str | None = None
     timeout_s: float = Field(30.0, gt=0)
-    connect_timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(2, ge=0, le=10)
     backoff_s: float = Field(0.5, ge=0)
-    max_connections: int = Field(1024, ge=1)
     extra_fields: list[str] = []
+    pricing: Pricing = Pricing()
+    contract: Contract = Contract()
+    # a fan-out on a route whose contract says its provider caches prompts sends branch
+    # 0 first and the others once its first byte arrived (they read its cached prompt);
+    # false: all branches at once
+    fanout_cache_priming: bool = True
+
+
+class _HttpRoute(_RouteBase):
+    """A route served over HTTP: where, with which credential and connection pool."""
+
+    base_url: str | None = None
+    api_key_env: str | None = None
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(1024, ge=1)
     # static headers sent upstream on every attempt (e.g. an organisation id); never
     # the client's own headers, which are not forwarded
     headers: dict[str, str] = {}
@@ -291,9 +325,54 @@ class Route(_Model):
     # the attempt fails with a 502. None: ``limits.max_upstream_answer_bytes``, else
     # 1 MiB + 4 KiB per token the request allows (n x its output ceiling)
     max_answer_bytes: int | None = Field(None, ge=1024)
-    pricing: Pricing = Pricing()
-    contract: Contract = Contract()
-    # provider: local
+
+    @model_validator(mode="after")
+    def _required(self) -> _HttpRoute:
+        provider = getattr(self, "provider", "")
+        if provider in _NEEDS_BASE_URL and not self.base_url:
+            raise ValueError(f"base_url is required for provider {provider}")
+        # the upstream model is part of every URL (gemini), the deployment (azure), or
+        # required by the API (anthropic)
+        if provider in _NEEDS_MODEL and not self.upstream_model:
+            raise ValueError(f"upstream_model is required for provider {provider}")
+        return self
+
+
+_NEEDS_BASE_URL = ("openai", "azure")
+_NEEDS_MODEL = ("gemini", "anthropic", "azure")
+
+
+class OpenAIRoute(_HttpRoute):
+    """Any OpenAI-compatible Chat Completions API."""
+
+    provider: Literal["openai"]
+
+
+class AzureRoute(_HttpRoute):
+    """Azure OpenAI: set, the deployment URL form with this api-version; unset, the
+    /openai/v1 form (``upstream_model`` is the deployment's name)."""
+
+    provider: Literal["azure"]
+    api_version: str | None = None
+
+
+class AnthropicRoute(_HttpRoute):
+    """Anthropic's Messages API (``anthropic_version``: the header every request sends)."""
+
+    provider: Literal["anthropic"]
+    anthropic_version: str = "2023-06-01"
+
+
+class GeminiRoute(_HttpRoute):
+    """Google's Gemini API (``base_url`` defaults to Google's, providers/gemini.py)."""
+
+    provider: Literal["gemini"]
+
+
+class LocalRoute(_RouteBase):
+    """The in-process llama.cpp engine."""
+
+    provider: Literal["local"]
     model_path: str | None = None
     n_ctx: int = Field(8192, ge=256)
     max_sequences: int = Field(32, ge=1, le=256)
@@ -305,15 +384,35 @@ class Route(_Model):
     # original, or a one-off conversion to q8_0 / q4_0 (ncap.engine.weights)
     weights: Literal["auto", "original", "q8_0", "q4_0"] = "auto"
 
-    @model_validator(mode="after")
-    def _provider_fields(self) -> Route:
-        # gemini: base_url defaults to Google's Gemini API (providers/gemini.py); the
-        # upstream model is part of every URL, so it is required
-        if self.provider == "gemini" and not self.upstream_model:
-            raise ValueError("upstream_model is required for provider gemini")
-        if self.provider == "openai" and not self.base_url:
-            raise ValueError(f"base_url is required for provider {self.provider}")
-        return self
+
+HttpRoute = OpenAIRoute | AzureRoute | AnthropicRoute | GeminiRoute
+Route = Annotated[HttpRoute | LocalRoute, Field(discriminator="provider")]
+"""A route, by the kind of provider that serves it: a local route has no ``base_url``
+and an HTTP route no ``n_ctx`` (either is an unknown field there)."""
+_ROUTE = TypeAdapter(Route)
+
+
+def _reads_answers(route: Any) -> bool:
+    """A route (as written) of a kind that reads answers over HTTP, without its own
+    ``max_answer_bytes`` (the local engine's answers are its own)."""
+    if not isinstance(route, Mapping) or route.get("max_answer_bytes") is not None:
+        return False
+    kind = ROUTE_KINDS.get(str(route.get("provider")))
+    return kind is not None and "max_answer_bytes" in kind.model_fields
+
+
+def parse_route(data: Any) -> OpenAIRoute | AzureRoute | AnthropicRoute | GeminiRoute | LocalRoute:
+    """One route from its mapping, by its ``provider`` (pydantic's errors as they are)."""
+    return _ROUTE.validate_python(data)
+
+
+ROUTE_KINDS: dict[str, type[_RouteBase]] = {
+    "openai": OpenAIRoute,
+    "azure": AzureRoute,
+    "anthropic": AnthropicRoute,
+    "gemini": GeminiRoute,
+    "local": LocalRoute,
+}
 
 
 class Thresholds(_Model):
@@ -414,9 +513,7 @@ class Config(_Model):
         if bound is None or not isinstance(routes, Mapping):
             return data
         filled = {
-            rid: {**r, "max_answer_bytes": bound}
-            if isinstance(r, Mapping) and r.get("max_answer_bytes") is None
-            else r
+            rid: {**r, "max_answer_bytes": bound} if _reads_answers(r) else r
             for rid, r in routes.items()
         }
         return {**data, "routes": filled}
@@ -519,7 +616,7 @@ def default_config() -> Config:
         workloads={"default": Workload(max_candidates=4)},
         models={"smollm2": ["local-smollm2"]},
         routes={
-            "local-smollm2": Route(
+            "local-smollm2": LocalRoute(
                 # no timeout_s: each attempt gets a budget from its size and the engine's
                 # measured speed, charged from admission (providers/local.py)
                 provider="local",
@@ -601,13 +698,26 @@ def _describe(errors: Iterable[Any], root: yaml.Node | None, source: str) -> Ite
     for err in errors:
         if not err["loc"]:
             continue  # Config._references: reported by ``_located`` with real places
-        loc = [str(part) for part in err["loc"]]
+        loc = _untagged([str(part) for part in err["loc"]])
         line = _line_of(root, loc)
         at = f" (line {line})" if line else ""
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown field {loc[-1]!r}{_field_hint(err['loc'])}"
+        elif err["type"] == "union_tag_invalid":
+            given = str(err.get("ctx", {}).get("tag", ""))
+            msg = f"unknown provider {given!r}{_hint(given, ROUTE_KINDS)}"
+        elif err["type"] == "union_tag_not_found":
+            msg = f"provider is required (one of: {', '.join(ROUTE_KINDS)})"
         yield f"{source}: {_dotted(loc)}{at}: {msg}"
+
+
+def _untagged(loc: list[str]) -> list[str]:
+    """The place as written: pydantic puts a route's kind (its ``provider`` tag) after
+    the route's id (``routes.r.openai.base_url``); the file has no such level."""
+    if len(loc) > 2 and loc[0] == "routes" and loc[2] in ROUTE_KINDS:
+        return [*loc[:2], *loc[3:]]
+    return loc
 
 
 def _field_hint(loc: tuple[Any, ...]) -> str:
@@ -624,6 +734,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     annotation: Any = Config
     for part in loc:
         annotation = _unwrap(annotation)
+        if get_origin(annotation) is Annotated and str(part) in ROUTE_KINDS:
+            annotation = ROUTE_KINDS[str(part)]  # the route's kind, from its tag
+            continue
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             field = annotation.model_fields.get(str(part))
             if field is None:
@@ -701,27 +814,10 @@ def _contract_warnings(rid: str, contract: Contract, now: datetime) -> list[tupl
     return []
 
 
-_LOCAL_ONLY = (
-    "model_path",
-    "n_ctx",
-    "max_sequences",
-    "max_queue",
-    "threads",
-    "weights",
-    "prefix_cache_tokens",
-)
-_REMOTE_ONLY = ("base_url", "api_key_env", "headers", "connect_timeout_s", "max_connections")
-
-
 def resolved(config: Config) -> dict[str, Any]:
-    """The config with every default filled in, each route showing only the fields its
-    provider uses (``check-config`` prints this)."""
-    out = config.model_dump(mode="json")
-    for rid, route in config.routes.items():
-        hidden = _LOCAL_ONLY if route.provider != "local" else _REMOTE_ONLY
-        for name in hidden:
-            out["routes"][rid].pop(name, None)
-    return out
+    """The config with every default filled in (each route has only the fields of its
+    provider's kind; ``check-config`` prints this)."""
+    return config.model_dump(mode="json")
 
 
 def _line_of(node: yaml.Node | None, loc: list[str]) -> int | None:

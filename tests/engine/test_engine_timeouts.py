@@ -14,7 +14,7 @@ from typing import Any
 import openai
 import pytest
 
-from ncap.config import Route, Stores, default_config
+from ncap.config import LocalRoute, Stores, default_config
 from ncap.engine import GenerationParams, collect
 from ncap.engine.scheduler import EngineSpeed
 from ncap.providers.base import AttemptFailed
@@ -51,7 +51,7 @@ def test_speed_follows_the_machine_and_starts_pessimistic() -> None:
 
 @pytest.fixture
 async def provider() -> AsyncIterator[LocalProvider]:
-    p = LocalProvider(Route(provider="local", n_ctx=1024, max_sequences=4, threads=2))
+    p = LocalProvider(LocalRoute(provider="local", n_ctx=1024, max_sequences=4, threads=2))
     yield p
     await p.aclose()
 
@@ -89,7 +89,9 @@ async def test_cancel_frees_the_sequences_and_the_next_request_starts_at_once(
 
 async def test_queued_time_is_not_charged_to_the_attempt() -> None:
     # 5 s for the attempt once admitted; it waits longer than that behind another request
-    p = LocalProvider(Route(provider="local", n_ctx=1024, max_sequences=4, threads=2, timeout_s=5))
+    p = LocalProvider(
+        LocalRoute(provider="local", n_ctx=1024, max_sequences=4, threads=2, timeout_s=5)
+    )
     try:
         engine = await p.engine()
         blocker = GenerationParams(messages=ASK, n=4, max_tokens=800, seed=3, logit_bias=NO_END)
@@ -107,7 +109,7 @@ async def test_queued_time_is_not_charged_to_the_attempt() -> None:
 
 async def test_a_timed_out_attempt_reports_what_it_used_once_its_sequences_are_freed() -> None:
     p = LocalProvider(
-        Route(provider="local", n_ctx=1024, max_sequences=4, threads=2, timeout_s=1.5)
+        LocalRoute(provider="local", n_ctx=1024, max_sequences=4, threads=2, timeout_s=1.5)
     )
     try:
         with pytest.raises(AttemptFailed) as info:

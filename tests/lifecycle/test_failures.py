@@ -15,6 +15,7 @@ from ncap.lifecycle.failures import (
     client_error,
     ledger_outcome,
     reported_usage,
+    retryable,
     stream_cut,
 )
 from ncap.protocol.responses import SummaryUsage, Usage
@@ -23,6 +24,8 @@ from ncap.providers.openai import openai_failure
 
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
 BAD = UpstreamErrorDetail("Invalid 'messages'", code="invalid_value", param="messages")
+REFUSED_N = UpstreamErrorDetail("at most 1", code="route_does_not_support_candidates", param="n")
+MISCONFIGURED = UpstreamErrorDetail("model not found", code="route_misconfigured")
 
 CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
     # failure, class, ledger outcome, client status, client code
@@ -50,8 +53,26 @@ CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
     (AttemptFailed("status", 503), "overloaded", "rejected", 503, "server_is_overloaded"),
     (AttemptFailed("status", 400, error=BAD), "request_rejected", "rejected", 400, "invalid_value"),
     (AttemptFailed("status", 422), "request_rejected", "rejected", 502, "upstream_error"),
-    (AttemptFailed("status", 403), "other_4xx", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 403), "credential_refused", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 413), "other_4xx", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 408), "retry_4xx", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 529), "overloaded", "rejected", 503, "server_is_overloaded"),
+    (
+        AttemptFailed("status", 400, error=REFUSED_N),
+        "candidates_refused",
+        "rejected",
+        400,
+        "route_does_not_support_candidates",
+    ),
+    (
+        AttemptFailed("status", 404, error=MISCONFIGURED),
+        "route_misconfigured",
+        "rejected",
+        502,
+        "upstream_error",
+    ),
     (AttemptFailed("status", 500), "other_status", "upstream_error", 502, "upstream_error"),
+    (AttemptFailed("status", 204), "unexpected_status", "upstream_error", 502, "upstream_error"),
     # a redirect is never followed; an answer past its bound is not read on
     (AttemptFailed("status", 307), "redirected", "rejected", 502, "upstream_error"),
     (AttemptFailed("status", 301), "redirected", "rejected", 502, "upstream_error"),
@@ -94,7 +115,7 @@ def test_an_error_answer_on_an_unbilled_route_is_an_answer(
     assert classify(failure, unbilled_errors=True) == cls
     assert ledger_outcome(failure, unbilled_errors=True) == outcome
     # the client's error does not depend on the contract
-    shown, table = client_error(failure), TABLE[cls][1](failure)
+    shown, table = client_error(failure), TABLE[cls].client(failure)
     assert (shown.status, shown.code, shown.message) == (table.status, table.code, table.message)
 
 
@@ -140,7 +161,7 @@ def test_openai_failure_reads_the_envelope_once() -> None:
     )
     failure = openai_failure(429, {"retry-after-ms": "250", "x-request-id": "up-9"}, payload)
     assert failure.error == UpstreamErrorDetail("slow", code="rate_limit_exceeded")
-    assert (failure.retry_after, failure.provider_request_id, failure.retryable) == (
+    assert (failure.retry_after, failure.provider_request_id, retryable(failure)) == (
         0.25,
         "up-9",
         True,

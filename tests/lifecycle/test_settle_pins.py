@@ -332,7 +332,7 @@ async def test_a_streams_per_choice_counts_reach_the_row(tmp_path: Path) -> None
             "status=400 reason=request_rejected outcome=rejected",
             logging.INFO,
         ),
-        (AttemptFailed("status", 403), "status=403 reason=other_4xx", logging.INFO),
+        (AttemptFailed("status", 413), "status=413 reason=other_4xx", logging.INFO),
         (AttemptFailed("status", 500), "status=500 reason=other_status", logging.WARNING),
         (AttemptFailed("timeout"), "status=- reason=timeout", logging.WARNING),
     ],

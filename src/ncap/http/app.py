@@ -47,7 +47,7 @@ from ncap.http.signals import RequestSignals, tracer_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
-from ncap.providers import provider_for
+from ncap.providers import capabilities_of, provider_for
 from ncap.providers.base import Provider, RequestKind
 from ncap.stores import (
     Identity,
@@ -456,7 +456,7 @@ async def metrics(request: web.Request) -> web.Response:
 def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
     """Remote routes report their health; the local engine has its own queue gauge."""
     provider = provider_for(route, route_id=route_id)
-    if route.provider != "local":
+    if not capabilities_of(route.provider).in_process:
         return ObservedProvider(provider, route_id, metrics)
     return provider
 
@@ -464,7 +464,7 @@ def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
     """Load local models before serving (not on the first request) and export the
     engine's queue depth."""
-    local_routes = [rt for rt in routes if rt.route.provider == "local"]
+    local_routes = [rt for rt in routes if rt.capabilities.in_process]
     if not local_routes:
         return
     from ncap.providers.local import LocalProvider
@@ -499,7 +499,16 @@ def _request_signals(config: Config, tracer_provider: Any) -> RequestSignals:
 
 
 def _route_runtimes(config: Config, metrics: Metrics) -> dict[str, RouteRuntime]:
-    """Each configured route with its provider (remote ones report their health)."""
+    """Each configured route with its provider (remote ones report their health); a
+    contract asking a provider for a candidate mode it does not have is refused here."""
+    for rid, route in config.routes.items():
+        mode = route.contract.candidates
+        caps = capabilities_of(route.provider)
+        if mode in ("native", "emulate") and mode not in caps.candidates:
+            raise ConfigError(
+                f"routes.{rid}.contract.candidates: {caps.title} route has no native n; "
+                "use candidates: emulate (fan-out)"
+            )
     return {
         rid: RouteRuntime(rid, route, _observed(route, rid, metrics))
         for rid, route in config.routes.items()
@@ -517,7 +526,8 @@ def _sessions(store: AdminStore, sync: GrantsSync, grants: Grants) -> Sessions:
 
 
 def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> None:
-    """Every endpoint of SPEC §3, the dashboard, the admin API and the OpenAPI document."""
+    """Every API endpoint (README.md, docs/operations.md), the dashboard, the admin API and
+    the OpenAPI document."""
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
@@ -593,7 +603,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start-up before the first request, then the orderly shutdown (``cleanup_ctx``)."""
     accounting, peers, admin_store = app[ACCOUNTING], app[PEERS], app[ADMIN_STORE]
     routes = app[GATEWAY].routes.values()
-    # recovery that knows its peers (issue 9): only dead instances' rows are lost
+    # recovery that knows its peers (docs/decisions/peer-recovery-heartbeats.md): only dead
+    # instances' rows are lost
     await peers.start()
     # in-process budgets rebuild from the ledger here even when no peer was lost
     # (once; a no-op for shared stores: this new instance holds nothing yet)

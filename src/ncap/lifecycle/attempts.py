@@ -1,5 +1,5 @@
 """Attempts: one try of one route each (first call, retry, fallback), with its own
-ledger row and hold (SPEC §3.2).
+ledger row and hold (retries and fallbacks: docs/configuration.md).
 
 ``Attempts.first_answer`` walks the chain in order, each route up to 1 + retries
 times, with exponential backoff and jitter, honouring Retry-After; only retryable
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ncap.config import Route
 from ncap.errors import NcapError
-from ncap.lifecycle.failures import as_failure, client_error
+from ncap.lifecycle.failures import as_failure, client_error, may_fall_back, retryable
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
@@ -63,9 +63,9 @@ class Attempts:
                     return attempt, await call(attempt)
                 except AttemptFailed as exc:
                     last = exc
-                    if exc.retryable:
+                    if retryable(exc):
                         continue
-                    if exc.client_fault is False:
+                    if may_fall_back(exc):
                         break  # the route's limit, not the request's: a fallback may serve
                     raise _told(client_error(exc), plan, rt) from None
         assert last is not None

@@ -223,11 +223,12 @@ def _one_prompt(request: CompletionRequest) -> None:
 
 
 def _legacy_routes(chain: list[RouteRuntime]) -> list[RouteRuntime]:
-    """The routes that serve ``/v1/completions`` (Gemini has no such endpoint)."""
-    if chain[0].route.provider == "gemini":
+    """The routes that serve ``/v1/completions`` (by their provider's capabilities)."""
+    primary = chain[0].capabilities
+    if not primary.serves("completions"):
         raise InvalidValue(
-            "This model's route is a Gemini route, which serves /v1/chat/completions only, "
-            "not the legacy /v1/completions.",
+            f"This model's route is {primary.title} route, which serves /v1/chat/completions "
+            "only, not the legacy /v1/completions.",
             param="model",
         )
-    return [rt for rt in chain if rt.route.provider != "gemini"]
+    return [rt for rt in chain if rt.capabilities.serves("completions")]

@@ -18,6 +18,7 @@ from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import Provider, RequestKind
+from ncap.providers.kinds import Capabilities, capabilities_of
 from ncap.stores.base import Hold
 
 __all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"]
@@ -41,6 +42,11 @@ class RouteRuntime:
     id: str
     route: Route
     provider: Provider
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the route's kind of provider can do (never its name: see providers)."""
+        return capabilities_of(self.route.provider)
 
 
 @dataclass(slots=True)

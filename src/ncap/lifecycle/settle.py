@@ -72,7 +72,7 @@ class Accounting:
     """The ledger and the budgets, as the lifecycle uses them (and their readiness and
     shutdown, which the composition root drives). Recovering a dead gateway's rows and
     holds is not here: ``stores.PeerWatch`` does it, knowing which instances are alive
-    (an earlier ``start()`` marked every instance's rows lost, the bug of issue 9)."""
+    (an earlier ``start()`` marked every instance's rows lost, live peers' included)."""
 
     def __init__(
         self,
@@ -398,7 +398,7 @@ class Accounting:
     def _final(
         self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
     ) -> tuple[dict[str, Any], bool]:
-        """The row's final columns (SPEC §7) from what the attempt reported, and whether
+        """The row's final columns (docs/ledger.md) from what the attempt reported, and whether
         its hold stays reserved."""
         usage, rejected = report.usage, outcome in _NOTHING_GENERATED
         settlement = settle(
@@ -594,15 +594,18 @@ def usage_complete(usage: SummaryUsage | None) -> bool:
 def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any]:
     if usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
         return {}
-    cached = (usage.prompt_tokens_details and usage.prompt_tokens_details.cached_tokens) or 0
+    details = usage.prompt_tokens_details
+    cached = (details and details.cached_tokens) or 0
+    written = (details and details.cache_write_tokens) or 0
     reasoning = usage.completion_tokens_details and usage.completion_tokens_details.reasoning_tokens
+    cost = cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing, written)
     return {
         "input_tokens": usage.prompt_tokens,
         "cached_input_tokens": cached,
         "output_tokens_total": usage.completion_tokens,
         "reasoning_tokens": reasoning,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "cost_micros": cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing),
+        "cost_micros": cost,
     }
 
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ncap.config import Route
+from ncap.config import LocalRoute
 from ncap.engine import (
     ChatChunks,
     Engine,
@@ -58,7 +58,7 @@ _encode = msgspec.json.Encoder().encode
 T = TypeVar("T")
 
 
-def settings_from_route(route: Route) -> EngineSettings:
+def settings_from_route(route: LocalRoute) -> EngineSettings:
     return EngineSettings(
         model_path=route.model_path,
         n_ctx=route.n_ctx,
@@ -73,7 +73,9 @@ def settings_from_route(route: Route) -> EngineSettings:
 class LocalProvider:
     """One engine per route, shared by all its requests (continuous batching)."""
 
-    def __init__(self, route: Route, *, default_model: str = "smollm2") -> None:
+    def __init__(
+        self, route: LocalRoute, *, route_id: str = "", default_model: str = "smollm2"
+    ) -> None:
         self._settings = settings_from_route(route)
         # an explicit timeout_s bounds each attempt's time in the engine; without one
         # the engine derives a budget per request
@@ -170,8 +172,6 @@ async def _timed_out(stream: RequestStream, *, mid_stream: bool = False) -> Atte
         partial=mid_stream,
         usage=used,
         cancelled=True,
-        retry=False,
-        client_fault=False,
     )
 
 

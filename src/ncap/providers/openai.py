@@ -10,7 +10,6 @@ read here, once, into the failure's ``UpstreamErrorDetail``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from ncap.config import Route
+from ncap.config import HttpRoute
 from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
 from ncap.providers.base import (
     AttemptFailed,
@@ -26,7 +25,9 @@ from ncap.providers.base import (
     UpstreamErrorDetail,
     UpstreamResult,
 )
+from ncap.providers.credentials import route_headers
 from ncap.providers.transport import (
+    FailureOf,
     HttpTransport,
     ReadGapWatch,
     answer_limit,
@@ -49,23 +50,37 @@ _PATHS: tuple[tuple[RequestKind, str], ...] = (
 
 
 class OpenAIProvider:
-    def __init__(self, route: Route, *, route_id: str) -> None:
-        assert route.base_url is not None
+    """An upstream that speaks OpenAI's wire shapes: ``{base_url}/chat/completions`` and
+    ``{base_url}/completions`` with a bearer credential, unless a provider of the same
+    shapes (Azure OpenAI) gives its own URLs, headers and error reading."""
+
+    def __init__(
+        self,
+        route: HttpRoute,
+        *,
+        route_id: str,
+        urls: Mapping[RequestKind, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        failure_of: FailureOf | None = None,
+    ) -> None:
         self.route_id = route_id
         self._max_answer = route.max_answer_bytes
-        headers = _headers(route, route_id)
-        base = route.base_url.rstrip("/")
+        if urls is None:
+            assert route.base_url is not None
+            base = route.base_url.rstrip("/")
+            urls = {kind: f"{base}/{path}" for kind, path in _PATHS}
+        sent = headers if headers is not None else route_headers(route, route_id)
         # one transport per endpoint; a session (and its pool) opens on first use only
         self._transports: dict[RequestKind, HttpTransport] = {
             kind: HttpTransport(
-                f"{base}/{path}",
-                headers=headers,
+                url,
+                headers=sent,
                 connect_timeout_s=route.connect_timeout_s,
                 max_connections=route.max_connections,
-                failure_of=openai_failure,
+                failure_of=failure_of or openai_failure,
                 request_id_header="x-request-id",
             )
-            for kind, path in _PATHS
+            for kind, url in urls.items()
         }
 
     async def complete(
@@ -96,20 +111,6 @@ class OpenAIProvider:
     async def aclose(self) -> None:
         for transport in self._transports.values():
             await transport.aclose()
-
-
-def _headers(route: Route, route_id: str) -> dict[str, str]:
-    headers = {**route.headers, "Content-Type": "application/json"}
-    key = os.environ.get(route.api_key_env) if route.api_key_env else None
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    elif route.api_key_env:
-        log.warning(
-            "route %s: %s is not set; requests go upstream without a credential",
-            route_id,
-            route.api_key_env,
-        )
-    return headers
 
 
 async def _events(

@@ -77,9 +77,7 @@ def _count(value: object) -> int:
 
 
 def oversized(limit: int, *, partial: bool = False) -> AttemptFailed:
-    return AttemptFailed(
-        "oversized", 200, detail=f"more than {limit} bytes", partial=partial, retry=False
-    )
+    return AttemptFailed("oversized", 200, detail=f"more than {limit} bytes", partial=partial)
 
 
 async def bounded(chunks: AsyncIterable[bytes], limit: int) -> AsyncIterator[bytes]:
@@ -252,13 +250,6 @@ class HttpTransport:
             )
         failure.detail = red.text(failure.detail)
         failure.provider_request_id = red.request_id(failure.provider_request_id)
-        if failure.client is not None:
-            client = failure.client
-            client.message = red.text(client.message)
-            client.args = (client.message,)
-            client.param = red.optional(client.param)
-            if client.code is not None:
-                client.code = red.text(client.code)  # type: ignore[misc]
         return failure
 
     def _failure(self, resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
@@ -309,15 +300,11 @@ class ReadGapWatch:
 
 
 def redirect_refused(status: int, provider_request_id: str | None = None) -> AttemptFailed:
-    """A 3xx answer, not followed: the upstream generated nothing here, and the route's
-    own retry would be redirected again; another route of the chain may serve."""
+    """A 3xx answer, not followed: the upstream generated nothing here (the failure
+    table says the route's own retry would be redirected again, and another route of
+    the chain may serve)."""
     return AttemptFailed(
-        "status",
-        status,
-        provider_request_id=provider_request_id,
-        detail="redirect not followed",
-        retry=False,
-        client_fault=False,
+        "status", status, provider_request_id=provider_request_id, detail="redirect not followed"
     )
 
 
