@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from ncap.config import Route
+from ncap.config import Route, parse_route
 from ncap.protocol.responses import ChatCompletionChunk
 from ncap.providers import local
 from ncap.providers.base import RequestKind
@@ -153,9 +153,7 @@ def gemini_provider(transport: RecordedTransport) -> GeminiProvider:
 
 
 def _route(**fields: Any) -> Route:
-    return Route.model_validate(
-        {"pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}, **fields}
-    )
+    return parse_route({"pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}, **fields})
 
 
 @dataclass
