@@ -182,6 +182,7 @@ class Admitter:
             started=time.monotonic(),
             kind=asked.kind_of(request),
             returns=returns,
+            sampling=asked.sampling(request),
         )
 
 
@@ -211,6 +212,7 @@ def _draft(
         timestamp=now,
         started=time.monotonic(),
         kind=asked.kind_of(request),
+        sampling=asked.sampling(request),
     )
 
 

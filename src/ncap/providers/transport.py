@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import aiohttp
 
-from ncap.providers.base import AttemptFailed
+from ncap.providers.base import TRACE_HEADERS, AttemptFailed
 
 __all__ = ["FailureOf", "HttpTransport", "mapped", "parse_retry_after"]
 
@@ -91,7 +91,9 @@ class HttpTransport:
         rid = None
         try:
             target = url or self.url
-            async with self._client().post(target, data=data, timeout=client_timeout) as resp:
+            async with self._client().post(
+                target, data=data, timeout=client_timeout, headers=TRACE_HEADERS.get()
+            ) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
                 rid = self.request_id(resp.headers)
@@ -118,7 +120,13 @@ class HttpTransport:
         )
         with mapped():
             resp = await asyncio.wait_for(
-                self._client().post(url or self.url, data=data, timeout=client_timeout), timeout
+                self._client().post(
+                    url or self.url,
+                    data=data,
+                    timeout=client_timeout,
+                    headers=TRACE_HEADERS.get(),
+                ),
+                timeout,
             )
         try:
             if resp.status != 200:
