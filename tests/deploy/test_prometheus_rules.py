@@ -1,10 +1,12 @@
-"""The shipped Prometheus alert rules (``deploy/prometheus``): ``promtool check rules``
-passes, ``promtool test rules`` fires every alert on a synthetic series, and every
-metric the rules read exists in a real scrape of a running gateway's ``/metrics``,
-which ``promtool check metrics`` accepts."""
+"""The shipped Prometheus alert rules (``deploy/prometheus``) and Grafana dashboard
+(``deploy/grafana``): ``promtool check rules`` passes on the rules and on the
+dashboard's queries, ``promtool test rules`` fires every alert on a synthetic series,
+and every metric the rules and the dashboard read exists in a real scrape of a
+running gateway's ``/metrics``, which ``promtool check metrics`` accepts."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -20,6 +22,7 @@ from tests.tools import REPO, require_tool
 
 RULES = REPO / "deploy/prometheus/ncap-alerts.yml"
 RULE_TESTS = REPO / "deploy/prometheus/ncap-alerts.test.yml"
+DASHBOARD = REPO / "deploy/grafana/ncap-dashboard.json"
 _METRIC = re.compile(r"\b(ncap_[a-z0-9_]+)\b")
 
 
@@ -28,6 +31,18 @@ def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProce
     return subprocess.run(
         [str(tool), *args], input=stdin, capture_output=True, text=True, timeout=60
     )
+
+
+def _dashboard_queries() -> list[str]:
+    """Every panel's PromQL and every variable's query, Grafana's variables given
+    values (``$__rate_interval`` a range, ``$workload``/``$route`` any value)."""
+    data = json.loads(DASHBOARD.read_text())
+    queries = [t["expr"] for panel in data["panels"] for t in panel["targets"]]
+    queries += [v["definition"] for v in data["templating"]["list"] if "definition" in v]
+    return [
+        q.replace("$__rate_interval", "5m").replace("$workload", ".*").replace("$route", ".*")
+        for q in queries
+    ]
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -90,3 +105,22 @@ def test_rule_metrics_exist_in_a_real_scrape(fake: tuple[str, FakeState], tmp_pa
     used = {m for rule in _rules() for m in _METRIC.findall(rule["expr"])}
     assert len(used) >= 10
     assert used <= exposed, sorted(used - exposed)
+    on_dashboard = {m for q in _dashboard_queries() for m in _METRIC.findall(q)}
+    assert len(on_dashboard) >= 15
+    assert on_dashboard <= exposed, sorted(on_dashboard - exposed)
+
+
+def test_dashboard_queries_parse(tmp_path: Path) -> None:
+    """promtool parses every panel's query (as recording rules of a scratch file)."""
+    queries = [q for q in _dashboard_queries() if not q.startswith("label_values(")]
+    assert len(queries) >= 14
+    rules = [{"record": f"ncap:dashboard:q{i}", "expr": q} for i, q in enumerate(queries)]
+    scratch = tmp_path / "dashboard-queries.yml"
+    scratch.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = _promtool("check", "rules", str(scratch))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # and the harness is not vacuous: a broken query fails
+    scratch.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [
+        {"record": "ncap:broken", "expr": "sum by (route) (rate(ncap_tokens_total[5m])"}
+    ]}]}))  # fmt: skip
+    assert _promtool("check", "rules", str(scratch)).returncode != 0
