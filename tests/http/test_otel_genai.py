@@ -99,9 +99,11 @@ def _attrs(pairs: Any) -> dict[str, Any]:
 
 @dataclass
 class _Upstream:
-    """A Chat Completions upstream that records each request's trace header."""
+    """A Chat Completions upstream that records each request's trace headers."""
 
     traceparents: list[str | None] = field(default_factory=list)
+    # every header it got, to find the client's canary in none of them
+    headers: list[str] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -111,6 +113,7 @@ class _Upstream:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.traceparents.append(request.headers.get("traceparent"))
+        self.headers.append(repr(list(request.headers.items())))
         n = body.get("n") or 1
         usage = {
             "prompt_tokens": 20,
@@ -203,7 +206,12 @@ def _requests(client: openai.OpenAI, traceparent: str) -> list[str]:
         "temperature": 0.7,
         "seed": 42,
         "max_tokens": 50,
-        "extra_headers": {"traceparent": traceparent, "X-Canary": CANARY},
+        "extra_headers": {
+            "traceparent": traceparent,
+            "tracestate": f"vendor={CANARY}",
+            "baggage": f"k={CANARY}",
+            "X-Canary": CANARY,
+        },
     }
     ids = []
     stream = client.chat.completions.with_raw_response.create(
@@ -288,6 +296,7 @@ def test_genai_spans_and_metrics_over_otlp(
     assert len(sent) == len(fake.traceparents) == 5
     assert {t.split("-")[1] for t in sent} == {CLIENT_TRACE}
     assert {t.split("-")[2] for t in sent} == {sp.span_id.hex() for sp in attempts}
+    assert not [h for h in fake.headers if CANARY.lower() in h.lower()]  # no tracestate
 
     _check_metrics(got)
 

@@ -31,6 +31,7 @@ from ncap.http.telemetry import PROVIDER_NAMES, Telemetry, finish_reason
 from ncap.lifecycle import Attempt, Caller, Plan
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
 __all__ = [
@@ -198,7 +199,9 @@ class RequestSignals:
             f"{_operation(attempt.plan)} {model}",
             context=set_span_in_context(record.span),
             kind=SpanKind.CLIENT,
-            attributes=_gen_ai_request(attempt.plan, route.provider, model),
+            attributes=_gen_ai_request(
+                attempt.plan, route.provider, model, attempt.plan.candidates_per_attempt
+            ),
         )
         record.attempt_spans[attempt.number] = span
         carrier: dict[str, str] = {}
@@ -214,7 +217,7 @@ class RequestSignals:
         if self._otel is not None:
             from opentelemetry.trace import SpanKind
 
-            parent = self._otel.propagator.extract(headers) if headers is not None else None
+            parent = _parent(self._otel, headers) if headers is not None else None
             record.span = self._otel.tracer.start_span(
                 "ncap.request",  # renamed ``{operation} {model}`` once the model is known
                 context=parent,
@@ -306,6 +309,24 @@ class RequestSignals:
                 attributes["error.type"] = str(line.get("error_code") or line["status"])
             elapsed = time.monotonic() - record.started
             self._otel.request_duration.record(elapsed, attributes)
+
+
+def _parent(otel: Telemetry, headers: Mapping[str, str]) -> Context | None:
+    """The client's trace to continue: its trace id, parent span id and flags only. Its
+    ``tracestate`` (free text a client wrote) is not kept, so it can reach neither an
+    exported span nor an upstream request."""
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        SpanContext,
+        get_current_span,
+        set_span_in_context,
+    )
+
+    sent = get_current_span(otel.propagator.extract(headers)).get_span_context()
+    if not sent.is_valid:
+        return None
+    bare = SpanContext(sent.trace_id, sent.span_id, is_remote=True, trace_flags=sent.trace_flags)
+    return set_span_in_context(NonRecordingSpan(bare))
 
 
 def _attempt_view(
@@ -404,16 +425,16 @@ def _operation(plan: Plan) -> str:
     return "chat" if plan.kind == "chat" else "text_completion"
 
 
-def _gen_ai_request(plan: Plan, provider: str, model: str) -> dict[str, Any]:
+def _gen_ai_request(plan: Plan, provider: str, model: str, count: int) -> dict[str, Any]:
     """The GenAI request attributes of a request or attempt span (``model``: the alias
-    for the request, the upstream's model for an attempt). Only config ids and numbers:
-    the alias is a configured model (an unknown one never gets a plan)."""
+    for the request, the upstream's model for an attempt; ``count``: the choices it
+    asked for). Only config ids and numbers: the alias is a configured model (an
+    unknown one never gets a plan)."""
     out: dict[str, Any] = {
         "gen_ai.operation.name": _operation(plan),
         "gen_ai.provider.name": PROVIDER_NAMES.get(provider, provider),
         "gen_ai.request.model": model,
     }
-    count = plan.decision.effective if model == plan.alias else plan.candidates_per_attempt
     if count != 1:
         out["gen_ai.request.choice.count"] = count
     sampling = plan.sampling
@@ -485,7 +506,9 @@ def _end_span(span: Span, record: _Record, line: Mapping[str, Any]) -> None:
         answered = [a for a in record.attempts if a["attempt"] > 0]
         route = _answering_route(plan, answered)
         span.update_name(f"{_operation(plan)} {plan.alias}")
-        span.set_attributes(_gen_ai_request(plan, route.provider, plan.alias))
+        span.set_attributes(
+            _gen_ai_request(plan, route.provider, plan.alias, plan.decision.effective)
+        )
         span.set_attributes(_gen_ai_usage(answered))
         span.set_attributes(
             {
