@@ -195,13 +195,17 @@ class RequestSignals:
         record.plan = attempt.plan  # known before the first chunk (time to first token)
         route = attempt.route.route
         model = route.upstream_model or attempt.plan.alias
+        # an unsampled trace's spans record nothing: their attributes are not built
+        recording = record.span.is_recording()
         span = self._otel.tracer.start_span(
             f"{_operation(attempt.plan)} {model}",
             context=set_span_in_context(record.span),
             kind=SpanKind.CLIENT,
             attributes=_gen_ai_request(
                 attempt.plan, route.provider, model, attempt.plan.candidates_per_attempt
-            ),
+            )
+            if recording
+            else None,
         )
         record.attempt_spans[attempt.number] = span
         carrier: dict[str, str] = {}
@@ -479,6 +483,9 @@ def _gen_ai_usage(views: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _end_attempt_span(span: Span, view: Mapping[str, Any]) -> None:
     from opentelemetry.trace import Status, StatusCode
 
+    if not span.is_recording():
+        span.end()
+        return
     span.set_attributes(_gen_ai_usage([view]))
     span.set_attributes(_attributes({k: view.get(k) for k in _NCAP_ATTEMPT_FIELDS}))
     if view["outcome"] not in ("completed", "stream_cut"):
@@ -500,6 +507,9 @@ def _metric_attributes(plan: Plan, route: Route, model: str) -> dict[str, Any]:
 def _end_span(span: Span, record: _Record, line: Mapping[str, Any]) -> None:
     from opentelemetry.trace import Status, StatusCode
 
+    if not span.is_recording():
+        span.end()
+        return
     span.set_attributes(_attributes({k: v for k, v in line.items() if k != "event"}))
     plan = record.plan
     if plan is not None:
