@@ -74,3 +74,23 @@ def test_local_route_weights() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text % "q2_k")
     assert any("routes.r.weights (line 3)" in p for p in info.value.problems), info.value.problems
+
+
+def test_observability_otlp() -> None:
+    """``otlp: {}`` turns spans and GenAI metrics on (the rest from OTEL_*); off by
+    default; a bad endpoint or sampling share is refused with its location."""
+    assert not default_config().observability.telemetry
+    assert parse_config("observability: {otlp: {}}").observability.telemetry
+    assert parse_config("observability: {traces: true}").observability.telemetry
+    otlp = parse_config(
+        "observability: {otlp: {endpoint: 'https://c:4318', sampling: 0.25}}"
+    ).observability.otlp
+    assert otlp is not None and otlp.sampling == 0.25 and otlp.headers == {}
+    for bad, where in (
+        ("{endpoint: 'grpc://c:4317'}", "observability.otlp.endpoint"),
+        ("{sampling: 2}", "observability.otlp.sampling"),
+        ("{endpont: 'http://c'}", "observability.otlp.endpont"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            parse_config(f"observability: {{otlp: {bad}}}")
+        assert any(where in p for p in refused.value.problems), refused.value.problems
