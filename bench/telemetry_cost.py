@@ -12,6 +12,7 @@ valgrind. Ratios are against ``default`` of the same run.
 
     .venv/bin/python bench/telemetry_cost.py [--mode callgrind|cpu] [--requests 2000]
         [--before-src ../main/src] [--setups before,default,otlp,otlp-unsampled]
+        [--stores default|memory] [--rounds 1] [--metrics-interval 60]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,6 +169,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--stores", choices=("default", "memory"), default="default")
     p.add_argument("--metrics-interval", type=float, default=60.0)
+    p.add_argument("--rounds", type=int, default=1, help="each set-up this many times")
     p.add_argument("--src", default=str(bl.BENCH.parent / "src"))
     p.add_argument("--before-src", default="", help="another checkout's src (setup before)")
     return p.parse_args(argv)
@@ -188,17 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
         bl.wait_ready(upstream, url, bl.chat_body("fake-model"), timeout_s=30)
-        for setup in setups:
-            rows.append(measure(setup, args, upstream_port, sink, work))
-            print(json.dumps(rows[-1]), flush=True)
+        for _ in range(args.rounds):  # set-ups interleaved: the machine's drift hits all
+            for setup in setups:
+                rows.append(measure(setup, args, upstream_port, sink, work))
+                print(json.dumps(rows[-1]), flush=True)
     finally:
         bl.stop_server(upstream)
         shutil.rmtree(work, ignore_errors=True)
-    base = next((r for r in rows if r["setup"] == "default"), None)
     key = "instructions_per_request" if args.mode == "callgrind" else "cpu_ms_per_request"
-    if base:
-        for r in rows:
-            print(f"{r['setup']:>16}: {r[key]:>12} {key}  x{r[key] / base[key]:.3f} of default")
+    medians = {s: statistics.median(r[key] for r in rows if r["setup"] == s) for s in setups}
+    base = medians.get("default")
+    for setup, value in medians.items():
+        ratio = f"  x{value / base:.3f} of default" if base else ""
+        print(f"{setup:>16}: {value:>12} {key} (median of {args.rounds}){ratio}")
     return 0
 
 
