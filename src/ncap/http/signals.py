@@ -1,12 +1,14 @@
 """Operators' signals per request: one sanitized JSON access-log line on the logger
-``ncap.access``, and optional OpenTelemetry spans (one per request, one per attempt).
+``ncap.access``, and optional OpenTelemetry spans (one per request, one per attempt,
+named and annotated by the GenAI conventions) and GenAI metrics (``ncap.http.telemetry``).
 
 What goes in is chosen field by field, never copied from the request: the gateway's
 request id, the workload and environment of the key, configured route and model ids,
 the HTTP status and error code, the policy result and reason, candidate counts,
 token counts, cost and latency. No prompt, completion, header or tool argument can
-reach a line or a span, because nothing read from the body or headers is passed in
-(the canary test in ``tests/http/test_signals.py`` checks it).
+reach a line or a span: nothing read from the body is passed in, and of the headers
+only the trace context's ids and flags are kept (the canary tests in
+``tests/http/test_signals.py`` and ``tests/http/test_otel_genai.py`` check it).
 
 The lifecycle reports each closed attempt (and a denial) through
 ``Accounting(observer=…)``; the handler opens a record when a request arrives and
