@@ -94,3 +94,23 @@ def test_observability_otlp() -> None:
         with pytest.raises(ConfigError) as refused:
             parse_config(f"observability: {{otlp: {bad}}}")
         assert any(where in p for p in refused.value.problems), refused.value.problems
+
+
+def test_pending_age_as_a_bare_number_gets_the_documented_message() -> None:
+    text = "reports:\n  thresholds:\n    pending_age: 24\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert info.value.problems == [
+        "<config>: reports.thresholds.pending_age (line 3): a bare number is ambiguous: "
+        "write the unit, e.g. 24d, 24h or 24s"
+    ]
+    assert parse_config(text.replace("24", "24h")).reports.thresholds.pending_age == "24h"
+
+
+def test_a_sections_problem_points_at_its_name() -> None:
+    text = "models: {m: [r]}\nroutes:\n  r:\n    provider: openai\n    timeout_s: 5\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert info.value.problems == [
+        "<config>: routes.r (line 3): base_url is required for provider openai"
+    ]

@@ -119,8 +119,20 @@ FOCUS_COLUMNS: tuple[str, ...] = _FOCUS + _NCAP
 
 _PRICED_STATES = ("settled", "reconciled")
 _UNKNOWN_STATES = ("reserved", "pending", "usage_reconciliation_required")
-_PROVIDERS = {"openai": "OpenAI", "gemini": "Google", "local": "Self-hosted"}
-_SERVICES = {"openai": "OpenAI API", "gemini": "Gemini API", "local": "ncap local engine"}
+_PROVIDERS = {
+    "openai": "OpenAI",
+    "azure": "Microsoft",
+    "anthropic": "Anthropic",
+    "gemini": "Google",
+    "local": "Self-hosted",
+}
+_SERVICES = {
+    "openai": "OpenAI API",
+    "azure": "Azure OpenAI",
+    "anthropic": "Anthropic API",
+    "gemini": "Gemini API",
+    "local": "ncap local engine",
+}
 _METERS = {
     "input": "Input Tokens",
     "cached_input": "Cached Input Tokens",

@@ -32,7 +32,13 @@ if TYPE_CHECKING:
 __all__ = ["PROVIDER_NAMES", "Telemetry", "finish_reason", "telemetry_for"]
 
 # ``gen_ai.provider.name`` of each route kind (well-known values where one exists)
-PROVIDER_NAMES = {"openai": "openai", "gemini": "gcp.gemini", "local": "llama_cpp"}
+PROVIDER_NAMES = {
+    "openai": "openai",
+    "azure": "azure.ai.openai",
+    "anthropic": "anthropic",
+    "gemini": "gcp.gemini",
+    "local": "llama_cpp",
+}
 
 # the finish reasons OpenAI's API defines; an upstream's other strings become "other"
 # (an upstream-made string never reaches a span as it is)
