@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz soak audit clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -51,6 +51,11 @@ bench-gateway: setup
 # user-space instructions per request under callgrind: steady on a busy machine
 bench-instructions: setup
 	$(BIN)/python bench/instructions.py --setups bare,ncap-memory,ncap --requests 2000
+
+# what OpenTelemetry costs per request: off (this checkout, and BEFORE_SRC's), OTLP on
+BEFORE_SRC ?=
+bench-telemetry: setup
+	$(BIN)/python bench/telemetry_cost.py --mode callgrind --requests 2000 $(if $(BEFORE_SRC),--before-src $(BEFORE_SRC))
 
 bench-ledger: setup
 	$(BIN)/python bench/ledger_check.py --requests 5000 --concurrency 64

@@ -62,6 +62,13 @@ class AttemptObserver(Protocol):
     ) -> None: ...
 
 
+class AttemptStartObserver(Protocol):
+    """Told when an attempt begins, before its upstream request (traces open its span
+    and may set ``Attempt.trace``)."""
+
+    def attempt_begun(self, attempt: Attempt) -> None: ...
+
+
 log = logging.getLogger("ncap.lifecycle")
 
 # outcomes that generated nothing: settled at zero, the hold released
@@ -85,11 +92,14 @@ class Accounting:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         grants: Grants | None = None,
         observers: Sequence[AttemptObserver] = (),
+        start_observers: Sequence[AttemptStartObserver] = (),
     ) -> None:
         self.config = config
         # exceptions and keys in force (the admin API changes them without a restart)
         self.grants = grants or Grants.from_config(config)
         self.observers = tuple(observers)
+        # told when an attempt begins (traces); none unless telemetry is on
+        self.start_observers = tuple(start_observers)
         self.ledger = ledger
         self.budgets = budgets
         self.instance = instance
@@ -294,7 +304,13 @@ class Accounting:
                 await self.reserve(plan, holds, number)
             row = self.row(plan, number, rt, state="reserved")
             await self.ledger.append(row)
-        return Attempt(plan, holds, number, rt, holds[number], row, time.monotonic())
+        attempt = Attempt(plan, holds, number, rt, holds[number], row, time.monotonic())
+        for observer in self.start_observers:
+            try:
+                observer.attempt_begun(attempt)
+            except Exception as exc:  # an observer's bug must not fail the request
+                log.error("attempt observer failed: %s", type(exc).__name__)
+        return attempt
 
     async def answered(self, attempt: Attempt, report: AttemptReport) -> None:
         await self._close(attempt, report, "completed")
