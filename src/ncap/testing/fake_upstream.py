@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -32,11 +32,13 @@ from aiohttp import web
 
 from ncap.errors import UpstreamTimeout
 from ncap.testing._fake_content import (
+    CandidatePattern,
     ChoiceText,
     PromptMessage,
     choice_text,
     digest_messages,
     digest_prompt,
+    labelled_choice,
     prompt_strings,
 )
 from ncap.testing._fake_faults import (
@@ -130,6 +132,7 @@ class FakeState:
         self.recent_bodies: deque[bytes] = deque(maxlen=_RECENT_BODIES)
         self.max_in_flight = self.in_flight
         self.disconnects = 0
+        self.patterns = CandidatePattern()
 
     def record(self, endpoint: str, headers: Mapping[str, str], body: bytes) -> str:
         """Count one request; returns its provider request id."""
@@ -365,13 +368,17 @@ def _chat_generation(
 ) -> Generation:
     seed, prompt_tokens = digest_messages(req.messages)
     cap = _cap(req.max_completion_tokens, req.max_tokens)
+    if plan.candidates:  # x-fake-candidates: already this request's labels, in order
+        choices = [labelled_choice(label, cap, plan.completion_tokens) for label in plan.candidates]
+    else:
+        choices = [
+            choice_text(seed, i, cap, plan.completion_tokens) for i in range(_returned(n, plan))
+        ]
     return Generation(
         id=f"chatcmpl-fake-{serial}",
         created=created,
         model=req.model,
-        choices=[
-            choice_text(seed, i, cap, plan.completion_tokens) for i in range(_returned(n, plan))
-        ],
+        choices=choices,
         prompt_tokens=prompt_tokens,
         cached_tokens=plan.cached_tokens,
         reasoning_tokens=plan.reasoning_tokens,
@@ -476,6 +483,9 @@ class _Endpoint(Generic[_Request]):
         refusal = candidates_refusal(n, plan)
         if refusal is not None:
             return _json(refusal.status, refusal.body, rid)
+        if plan.candidates:
+            labels = state.patterns.take(plan.candidates, _returned(n, plan))
+            plan = replace(plan, candidates=labels)
         if req.stream:
             gen = self.generate(req, n, plan, str(state.serial), int(time.time()))
             mode = _usage_mode(plan, req.stream_options)
