@@ -4,10 +4,10 @@
 choice ``index`` (a whole answer is one delta per choice). Each candidate's text is
 normalized (runs of whitespace are one space, none at either end) and its tool calls
 reduced to their names and their arguments without insignificant JSON whitespace,
-both into hashes keyed with a random key made when the process starts: nothing a
-reader of memory, logs or the ledger could turn back into text, nor compare across
-processes. ``finish`` groups the candidates' digests, drops them and returns only
-counts (``Evidence``).
+both into hashes keyed with the caller's key (the gateway makes a random one when the
+process starts, ``ncap.lifecycle.evidence``): nothing a reader of memory, logs or the
+ledger could turn back into text, nor compare across processes. ``finish`` groups the
+candidates' digests, drops them and returns only counts (``Evidence``).
 
 Normalization is segment-safe: the same text cut into deltas anywhere hashes the same
 as when it arrives whole, so a streamed and a non-streamed answer agree. That is why
@@ -22,14 +22,12 @@ The only content-derived state held during the request is each hash's internal b
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass
 
 __all__ = ["Candidates", "Evidence"]
 
-_PROCESS_KEY = os.urandom(32)  # immutable; one per process: digests mean nothing outside
 _DIGEST = 16
 _WHITESPACE = re.compile(r"\s+")
 _JSON_SPACE = frozenset(" \t\r\n")
@@ -153,7 +151,7 @@ class Candidates:
 
     __slots__ = ("_key", "_open")
 
-    def __init__(self, key: bytes = _PROCESS_KEY) -> None:
+    def __init__(self, key: bytes) -> None:
         self._key = key
         self._open: dict[int, _Candidate] | None = {}
 

@@ -1,0 +1,144 @@
+"""How different the candidates were, through the real gateway with the official SDK:
+the fakes return candidates duplicated at set rates (``x-fake-candidates``), and the
+ledger's ``candidates_*`` columns and the answer's headers are exact, on a native
+route, an emulated (fan-out) route and a Gemini route, non-streamed and streamed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from ncap.domain.events import LedgerEvent
+from ncap.testing.fake_gemini import create_gemini_app
+from ncap.testing.fake_upstream import create_app as create_fake_app
+from tests.http.test_accounting import settled_rows
+from tests.support import ServerThread, gateway, gateway_config
+
+GEMINI_KEY_ENV = "NCAP_TEST_EVIDENCE_GEMINI_KEY"
+MESSAGES: list[Any] = [{"role": "user", "content": "Which city?"}]
+# pattern -> (compared, distinct, majority, tool_calls)
+CASES = {
+    "a,a,a,b,c": (5, 3, 3, 0),
+    "a,tool:f,tool:f,tool:g,a": (5, 3, 2, 3),
+    "a,b": (2, 2, 1, 0),
+    "a,a,a,a": (4, 1, 4, 0),
+}
+ROUTES = ("native", "emulated", "gem")
+EVIDENCE = ("candidates_compared", "candidates_distinct", "candidates_majority")
+
+
+@pytest.fixture(scope="module")
+def upstreams() -> Iterator[tuple[str, str]]:
+    fake = ServerThread(lambda: create_fake_app(None)).start()
+    gem = ServerThread(lambda: create_gemini_app(api_key="k")).start()
+    try:
+        assert fake.app is not None and gem.app is not None
+        yield fake.url + "/v1", gem.url + "/v1beta"
+    finally:
+        fake.stop()
+        gem.stop()
+
+
+def _config(upstreams: tuple[str, str], tmp: Path, pattern: str) -> Any:
+    fake_url, gem_url = upstreams
+    headers = {"x-fake-candidates": pattern}
+    openai_route = {
+        "provider": "openai",
+        "base_url": fake_url,
+        "upstream_model": "fake-model",
+        "headers": headers,
+        "pricing": {"input_per_mtok": 0.15, "output_per_mtok": 0.6},
+    }
+    return gateway_config(
+        fake_url,
+        tmp,
+        workloads={"default": {"max_candidates": 8, "output_ceiling": 256}},
+        models={"native": ["native"], "emulated": ["emulated"], "gem": ["gem"]},
+        routes={
+            "native": {**openai_route, "contract": {"candidates": "native", "max_candidates": 8}},
+            "emulated": {
+                **openai_route,
+                "contract": {"candidates": "emulate", "max_candidates": 8},
+            },
+            "gem": {
+                "provider": "gemini",
+                "base_url": gem_url,
+                "upstream_model": "gemini-2.5-flash",
+                "api_key_env": GEMINI_KEY_ENV,
+                "headers": headers,
+                "pricing": {"input_per_mtok": 0.3, "output_per_mtok": 2.5},
+                "contract": {
+                    "candidates": "native",
+                    "max_candidates": 8,
+                    "stream_usage": "include_usage",
+                },
+            },
+        },
+    )
+
+
+def _columns(row: LedgerEvent) -> tuple[int | None, ...]:
+    return (
+        row.candidates_compared,
+        row.candidates_distinct,
+        row.candidates_majority,
+        row.candidates_tool_calls,
+    )
+
+
+def _check_rows(rows: list[LedgerEvent], route: str, expected: tuple[int, ...]) -> None:
+    """The evidence on the row that returned the candidates (an emulated fan-out's
+    first branch), null on the others; every row settled."""
+    assert all(r.state == "settled" for r in rows), rows
+    if route == "emulated":
+        assert len(rows) == expected[0]  # one branch per candidate
+        assert _columns(rows[0]) == expected
+        assert all(_columns(r) == (None,) * 4 for r in rows[1:])
+    else:
+        (row,) = rows
+        assert _columns(row) == expected
+        assert row.returned_candidate_count == expected[0]
+
+
+@pytest.mark.parametrize("pattern", list(CASES))
+def test_non_streamed_evidence_is_exact(
+    upstreams: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pattern: str
+) -> None:
+    monkeypatch.setenv(GEMINI_KEY_ENV, "k")
+    expected = CASES[pattern]
+    n = expected[0]
+    with gateway(_config(upstreams, tmp_path, pattern)) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        for route in ROUTES:
+            raw = client.chat.completions.with_raw_response.create(
+                model=route, messages=MESSAGES, n=n, temperature=1.0
+            )
+            answer = raw.parse()
+            assert len(answer.choices) == n
+            assert raw.headers["x-ncap-candidates-distinct"] == str(expected[1])
+            assert raw.headers["x-ncap-candidates-agreement"] == f"{expected[2] / n:.3f}"
+            rows = asyncio.run(settled_rows(tmp_path, raw.headers["x-request-id"], _rows(route, n)))
+            _check_rows(rows, route, expected)
+
+
+def _rows(route: str, n: int) -> int:
+    return n if route == "emulated" else 1
+
+
+def test_one_candidate_has_no_evidence(
+    upstreams: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(GEMINI_KEY_ENV, "k")
+    with gateway(_config(upstreams, tmp_path, "solo")) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        for route in ("native", "gem"):
+            raw = client.chat.completions.with_raw_response.create(model=route, messages=MESSAGES)
+            assert "x-ncap-candidates-distinct" not in raw.headers
+            assert "x-ncap-candidates-agreement" not in raw.headers
+            (row,) = asyncio.run(settled_rows(tmp_path, raw.headers["x-request-id"]))
+            assert _columns(row) == (None,) * 4
