@@ -29,7 +29,7 @@ CASES = {
     "a,a,a,a": (4, 1, 4, 0),
 }
 ROUTES = ("native", "emulated", "gem")
-EVIDENCE = ("candidates_compared", "candidates_distinct", "candidates_majority")
+USAGE = {"stream_usage": "include_usage"}
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +60,13 @@ def _config(upstreams: tuple[str, str], tmp: Path, pattern: str) -> Any:
         workloads={"default": {"max_candidates": 8, "output_ceiling": 256}},
         models={"native": ["native"], "emulated": ["emulated"], "gem": ["gem"]},
         routes={
-            "native": {**openai_route, "contract": {"candidates": "native", "max_candidates": 8}},
+            "native": {
+                **openai_route,
+                "contract": {"candidates": "native", "max_candidates": 8, **USAGE},
+            },
             "emulated": {
                 **openai_route,
-                "contract": {"candidates": "emulate", "max_candidates": 8},
+                "contract": {"candidates": "emulate", "max_candidates": 8, **USAGE},
             },
             "gem": {
                 "provider": "gemini",
@@ -142,3 +145,47 @@ def test_one_candidate_has_no_evidence(
             assert "x-ncap-candidates-agreement" not in raw.headers
             (row,) = asyncio.run(settled_rows(tmp_path, raw.headers["x-request-id"]))
             assert _columns(row) == (None,) * 4
+
+
+@pytest.mark.parametrize("pattern", list(CASES))
+def test_streamed_evidence_is_exact(
+    upstreams: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pattern: str
+) -> None:
+    """The same counts from the chunks, fed per ``index`` as they pass (a tool call's
+    arguments arrive in fragments on the OpenAI fake)."""
+    monkeypatch.setenv(GEMINI_KEY_ENV, "k")
+    expected = CASES[pattern]
+    n = expected[0]
+    with gateway(_config(upstreams, tmp_path, pattern)) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        for route in ROUTES:
+            with client.chat.completions.with_streaming_response.create(
+                model=route, messages=MESSAGES, n=n, temperature=1.0, stream=True
+            ) as response:
+                request_id = response.headers["x-request-id"]
+                assert "x-ncap-candidates-distinct" not in response.headers
+                indexes = {c.index for chunk in response.parse() for c in chunk.choices}
+            assert indexes == set(range(n))
+            rows = asyncio.run(settled_rows(tmp_path, request_id, _rows(route, n)))
+            _check_rows(rows, route, expected)
+
+
+def test_a_cut_stream_records_no_evidence(
+    upstreams: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not every candidate arrived: nothing is compared (the row stays pending)."""
+    monkeypatch.setenv(GEMINI_KEY_ENV, "k")
+    config = _config(upstreams, tmp_path, "a,a,b")
+    config.routes["native"].headers["x-fake-fault"] = "truncated_stream=6"
+    with gateway(config) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        with client.chat.completions.with_streaming_response.create(
+            model="native", messages=MESSAGES, n=3, temperature=1.0, stream=True
+        ) as response:
+            request_id = response.headers["x-request-id"]
+            with pytest.raises(openai.APIError):
+                for _ in response.parse():
+                    pass
+        (row,) = asyncio.run(settled_rows(tmp_path, request_id))
+    assert row.state == "pending"
+    assert _columns(row) == (None,) * 4
