@@ -29,7 +29,6 @@ from dataclasses import dataclass
 __all__ = ["Candidates", "Evidence"]
 
 _DIGEST = 16
-_WHITESPACE = re.compile(r"\s+")
 _JSON_SPACE = frozenset(" \t\r\n")
 _JSON_SPACES = re.compile(r"[ \t\r\n]+")
 
@@ -117,16 +116,17 @@ class _Candidate:
         self.calls: dict[int, _Call] = {}
 
     def add_text(self, delta: str) -> None:
-        collapsed = _WHITESPACE.sub(" ", delta)
-        core = collapsed.strip(" ")
-        if not core:
-            self.pending_space = self.pending_space or (self.started and collapsed == " ")
+        """``delta`` (not empty) with its whitespace runs as one space, one space kept
+        between it and what came before when either side had some."""
+        core = " ".join(delta.split())  # str.split's whitespace is re's \s: str.isspace
+        if not core:  # all whitespace: a space, if more text follows
+            self.pending_space = self.started
             return
-        if self.started and (self.pending_space or collapsed[0] == " "):
+        if self.started and (self.pending_space or delta[0].isspace()):
             self.text.update(b" ")
         self.text.update(core.encode())
         self.started = True
-        self.pending_space = collapsed[-1] == " "
+        self.pending_space = delta[-1].isspace()
 
     def call(self, call: int) -> _Call:
         found = self.calls.get(call)
@@ -168,7 +168,8 @@ class Candidates:
 
     def text(self, index: int, delta: str) -> None:
         if delta:
-            self._candidate(index).add_text(delta)
+            found = self._open.get(index) if self._open is not None else None
+            (found or self._candidate(index)).add_text(delta)
 
     def tool_call(self, index: int, call: int, name: str | None, arguments: str | None) -> None:
         """A tool-call delta of choice ``index``: its position ``call`` in the choice's

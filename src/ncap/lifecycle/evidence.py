@@ -70,14 +70,15 @@ class EvidenceFeed:
 
     def _choice(self, index: int, choice: ChoiceWire, message: MessageWire | None) -> None:
         candidates = self._candidates
-        candidates.seen(index)
+        if message is not None and message.content:  # the common chunk: one text delta
+            candidates.text(index, message.content)
+        else:
+            candidates.seen(index)
         if choice.text:
             candidates.text(index, choice.text)
-        if message is None:
+        if message is None or not message.tool_calls:
             return
-        if message.content:
-            candidates.text(index, message.content)
-        for position, call in enumerate(message.tool_calls or ()):
+        for position, call in enumerate(message.tool_calls):
             fn = call.function
             at = call.index if call.index is not None else position
             candidates.tool_call(index, at, fn.name if fn else None, fn.arguments if fn else None)
