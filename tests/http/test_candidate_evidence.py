@@ -6,14 +6,21 @@ route, an emulated (fan-out) route and a Gemini route, non-streamed and streamed
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from ncap.cli.main import app as cli
 from ncap.domain.events import LedgerEvent
+from ncap.stores import SQLiteLedgerStore
 from ncap.testing.fake_gemini import create_gemini_app
 from ncap.testing.fake_upstream import create_app as create_fake_app
 from tests.http.test_accounting import settled_rows
@@ -189,3 +196,77 @@ def test_a_cut_stream_records_no_evidence(
         (row,) = asyncio.run(settled_rows(tmp_path, request_id))
     assert row.state == "pending"
     assert _columns(row) == (None,) * 4
+
+
+CANARY = "CANARY-ev-9d2c"
+
+
+def test_canaries_never_reach_ledger_exports_metrics_or_logs(
+    upstreams: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Prompts and completions (text and tool calls) carrying a canary, non-streamed
+    and streamed, on every kind of route: the canary is in no ledger file, no export
+    (JSONL, CSV, the audit's JSON), no metric and no log record; the evidence columns
+    hold small integers."""
+    monkeypatch.setenv(GEMINI_KEY_ENV, "k")
+    caplog.set_level(logging.DEBUG)
+    tool = f"tool:{CANARY}"
+    config = _config(upstreams, tmp_path, f"{tool},{tool},a")
+    messages = [
+        {"role": "system", "content": f"system {CANARY}"},
+        {"role": "user", "content": f"user {CANARY}"},
+    ]
+    with gateway(config) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        seen = []
+        for route in ROUTES:
+            whole = client.chat.completions.create(model=route, messages=messages, n=3)
+            seen.append(json.dumps(whole.model_dump()))
+            stream = client.chat.completions.create(
+                model=route, messages=messages, n=3, stream=True
+            )
+            seen.extend(json.dumps(chunk.model_dump()) for chunk in stream)
+        assert sum(CANARY in text for text in seen) > 6  # the answers did carry it
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert "ncap_candidates_distinct_share_count" in metrics
+    rows = asyncio.run(_all_rows(tmp_path))
+    evidence = [_columns(r) for r in rows if r.candidates_compared is not None]
+    assert evidence == [(3, 2, 2, 2)] * 6  # every answer compared, as small integers
+    cfg = tmp_path / "ncap.yaml"
+    cfg.write_text(yaml.safe_dump(_plain(config)))
+    outputs = [metrics]
+    for args in (
+        ["ledger", "export", "--format", "jsonl"],
+        ["ledger", "export", "--format", "csv"],
+        ["audit", "--format", "json"],
+        ["report", "candidates", "--format", "json"],
+    ):
+        result = CliRunner().invoke(cli, [*args, "--config", str(cfg)])
+        assert result.exit_code == 0, result.output
+        outputs.append(result.stdout)
+    assert '"candidates_distinct": 2' in outputs[1]
+    files = b"".join(p.read_bytes() for p in tmp_path.glob("ledger.db*"))
+    records = [r.getMessage() + str(r.args) for r in caplog.records]
+    assert records  # the gateway did log (access lines, requests)
+    for text in [*outputs, *records, files.decode("latin-1")]:
+        assert CANARY not in text
+        assert CANARY.lower() not in text.lower()
+
+
+async def _all_rows(tmp: Path) -> list[LedgerEvent]:
+    store = SQLiteLedgerStore(tmp / "ledger.db")
+    try:
+        return [e async for e in store.export()]
+    finally:
+        await store.close()
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """The config's stores and workloads as YAML-ready data (for the CLI)."""
+    return {
+        "stores": {"ledger": config.stores.ledger, "budgets": "memory://"},
+        "workloads": {"default": {"max_candidates": 8}},
+    }
