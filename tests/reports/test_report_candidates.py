@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from ncap.cli.main import app
 from ncap.config import Pricing, Thresholds, utcnow
 from ncap.domain.events import LedgerEvent
-from ncap.reports import Report, build_report, day_window
+from ncap.reports import Report, build_report, day_window, render_html
 from ncap.stores import SQLiteLedgerStore
 
 from .conftest import Backend
@@ -147,6 +147,12 @@ async def test_evidence_and_what_if_match_hand_computation(backend: Backend) -> 
     assert w2.saving_at_one_micros == 560 - w2.what_if[1]
     # the same traffic on a native route: one prompt each, P + k·C·4
     assert w2.native_equivalent_micros == round((40 + 3 * 50 / 3 * 4) + (40 + 2 * 20 * 4)) == 440
+
+    # the page (the dashboard's too) shows the same numbers
+    page = render_html(report)
+    assert 'id="candidates"' in page
+    for text in ("ex1", "0.58", "1: $0.000525, 2: $0.000925", "$0.001000", "$0.000440"):
+        assert text in page
 
 
 @pytest.mark.parametrize(
