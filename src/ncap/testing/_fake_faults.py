@@ -24,6 +24,10 @@ parameter; the ``x-fake-*`` header in brackets overrides it.
     ignore_candidates        one choice whatever n says (a provider that ignores n)
     refuse_candidates=MAX    n > MAX (default 1) is a 400 invalid_value on param n,
                              "number must be at most MAX" [x-fake-max-candidates]
+    prompt_cache=S           cache prompts of 1024+ tokens as OpenAI does (automatic,
+                             128-token steps), readable once the writing request's first
+                             byte went out and for S seconds (default 300)
+                             [x-fake-cache-ttl-s]
 
 Other headers: ``x-fake-error-code`` (replace an error's code), ``x-fake-completion-tokens``
 (exact tokens per choice before the ceiling), ``x-fake-cached-tokens``,
@@ -70,6 +74,7 @@ _VALUE_OF: dict[str, str] = {
     "first_chunk_then_pause": "pause_ms",
     "fragmented_stream": "fragment_bytes",
     "refuse_candidates": "max_candidates",
+    "prompt_cache": "cache_ttl_s",
 }
 PROFILES = frozenset(
     {
@@ -97,6 +102,7 @@ _HEADER_OF: dict[str, str] = {
     "pause_ms": "x-fake-pause-ms",
     "fragment_bytes": "x-fake-fragment-bytes",
     "max_candidates": "x-fake-max-candidates",
+    "cache_ttl_s": "x-fake-cache-ttl-s",
 }
 _RATE_LIMITS = ("rate_limit", "slow_down", "rate_limit_exceeded")
 _HTML_502 = (
@@ -144,6 +150,7 @@ class Plan:
     max_candidates: int = 1  # refuse_candidates: the most n accepted
     # x-fake-candidates: one label per candidate (same label, same candidate)
     candidates: tuple[str, ...] = ()
+    cache_ttl_s: float = 300.0  # prompt_cache: how long an entry lives
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +229,7 @@ def resolve_plan(faults: Faults, headers: Mapping[str, str], base_latency_ms: fl
         reasoning_tokens=_int_header(headers, "x-fake-reasoning-tokens") or 0,
         max_candidates=max(1, int(num("max_candidates", 1.0))),
         candidates=parse_pattern(headers.get("x-fake-candidates")),
+        cache_ttl_s=num("cache_ttl_s", 300.0),
     )
 
 
