@@ -99,7 +99,7 @@ def render_tsv(report: Report) -> str:
 
 def _tables(r: Report) -> list[Section]:
     """One table per section, in the order of the HTML page."""
-    return [*_overview(r), *_candidates(r), *evidence_tables(r.candidates), *_money(r)]
+    return [*_overview(r), *_candidates(r), *_money(r), *evidence_tables(r.candidates)]
 
 
 def _overview(r: Report) -> list[Section]:
