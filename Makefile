@@ -39,7 +39,7 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz
+bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence fuzz
 
 # every target (bare upstream, ncap's configurations, LiteLLM, Portkey) at every
 # concurrency, side by side in one run, with the machine's load
