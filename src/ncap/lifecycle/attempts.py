@@ -21,7 +21,7 @@ from ncap.errors import NcapError
 from ncap.lifecycle.failures import as_failure, client_error, may_fall_back, retryable
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
+from ncap.providers.base import TRACE_HEADERS, AttemptFailed, RequestKind, UpstreamResult
 from ncap.stores.base import Hold
 from ncap.streaming.sse import StreamPiece
 
@@ -74,6 +74,8 @@ class Attempts:
     async def call(self, attempt: Attempt, body: Mapping[str, Any]) -> UpstreamResult:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
         rt = attempt.route
+        if attempt.trace is not None:
+            TRACE_HEADERS.set(attempt.trace)  # this task's upstream request carries it
         try:
             return await rt.provider.complete(
                 body, timeout=rt.route.timeout_s, kind=attempt.plan.kind
@@ -84,6 +86,8 @@ class Attempts:
 
     async def open(self, attempt: Attempt, body: Mapping[str, Any]) -> StreamOpen:
         """One streamed attempt up to its first event; a failure is recorded, then raised."""
+        if attempt.trace is not None:
+            TRACE_HEADERS.set(attempt.trace)
         try:
             return await _open_stream(attempt.route, body, attempt.plan.kind)
         except (AttemptFailed, NcapError) as exc:

@@ -19,8 +19,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ncap.domain.evidence import Evidence
 from ncap.errors import NcapError, UpstreamError
 from ncap.lifecycle.attempts import Attempts, StreamOpen
+from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.failures import client_error
 from ncap.lifecycle.plan import Attempt, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import error_event
@@ -28,7 +30,7 @@ from ncap.lifecycle.reports import Tally, answered_report, stream_report, summed
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, UpstreamResult
 from ncap.stores.base import Hold
-from ncap.streaming.sse import DONE, StreamPiece, encode_event, event_data, split_events
+from ncap.streaming.sse import DONE, StreamPiece, choice_chunks, encode_event
 
 __all__ = ["FanOut", "branch_body", "cache_breakpoint", "primed"]
 
@@ -52,14 +54,16 @@ class FanOut:
         answered = [
             (a, r) for a, r in zip(branches, results, strict=True) if isinstance(r, UpstreamResult)
         ]
-        settle = self._settle_answers(answered)
         failures = [r for r in results if isinstance(r, BaseException)]
+        evidence = None if failures else _evidence([r for _, r in answered])
+        settle = self._settle_answers(answered, evidence)
         if failures:  # all or nothing: the answered branches are settled (they were paid)
             await settle
             raise _raised(failures[0])
         merged, returned = _merge(_id(plan), [r for _, r in answered])
         headers = plan.headers(rt.id)
         headers["x-ncap-candidates-returned"] = str(returned)
+        headers.update(evidence_headers(evidence))
         headers["content-type"] = "application/json"
         return Reply(200, headers, merged, after=settle)
 
@@ -113,11 +117,15 @@ class FanOut:
         return [first, *await asyncio.gather(*rest, return_exceptions=True)]
 
     def _settle_answers(
-        self, answered: Sequence[tuple[Attempt, UpstreamResult]]
+        self, answered: Sequence[tuple[Attempt, UpstreamResult]], evidence: Evidence | None
     ) -> Coroutine[Any, Any, None]:
         """Each answered branch's hold settlement started before the answer goes out
-        (``Accounting.answered_early``); the rest of the settlement returned."""
-        rests = [self.accounting.answered_early(a, answered_report(r)) for a, r in answered]
+        (``Accounting.answered_early``); the rest of the settlement returned. The
+        candidates' evidence goes on the first branch's row (once per request)."""
+        rests = [
+            self.accounting.answered_early(a, answered_report(r, evidence if i == 0 else None))
+            for i, (a, r) in enumerate(answered)
+        ]
         return _in_order(rests)
 
     async def _abort(self, branches: Sequence[Branch]) -> None:
@@ -132,9 +140,10 @@ class FanOut:
         queue: Queue = asyncio.Queue()
         tallies = [Tally(provider_request_id=b.provider_request_id) for _, b in branches]
         pumps = [asyncio.create_task(_pump(i, b, queue)) for i, (_, b) in enumerate(branches)]
+        feed = EvidenceFeed()  # the branches' candidates, each at its branch's index
         cut: str | None = "client_disconnect"
         try:
-            async for out in _merged(plan, queue, tallies):
+            async for out in _merged(plan, queue, tallies, feed):
                 yield out
             cut = None if all(t.done for t in tallies) else "stream_truncated"
             for out in _ending(plan, tallies, cut):
@@ -146,14 +155,20 @@ class FanOut:
             for task in pumps:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-            await asyncio.shield(self._settle_streams(branches, tallies, cut))
+            evidence = feed.finish(complete=cut is None)
+            await asyncio.shield(self._settle_streams(branches, tallies, cut, evidence))
 
     async def _settle_streams(
-        self, branches: Sequence[Branch], tallies: Sequence[Tally], cut: str | None
+        self,
+        branches: Sequence[Branch],
+        tallies: Sequence[Tally],
+        cut: str | None,
+        evidence: Evidence | None,
     ) -> None:
-        for (attempt, branch), tally in zip(branches, tallies, strict=True):
+        for i, ((attempt, branch), tally) in enumerate(zip(branches, tallies, strict=True)):
             await branch.stack.aclose()
-            report = stream_report(tally, None if tally.done else (cut or "stream_truncated"))
+            ended = None if tally.done else (cut or "stream_truncated")
+            report = stream_report(tally, ended, evidence if i == 0 else None)
             await self.accounting.stream_finished(attempt, report)
 
 
@@ -202,7 +217,9 @@ def _raised(failure: BaseException) -> BaseException:
     return client_error(failure) if isinstance(failure, AttemptFailed) else failure
 
 
-async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIterator[bytes]:
+async def _merged(
+    plan: Plan, queue: Queue, tallies: Sequence[Tally], feed: EvidenceFeed
+) -> AsyncIterator[bytes]:
     """The branches' pieces as they come (one per upstream read), until every branch
     ended; what arrived together (from several branches) goes out in one write, in
     arrival order. A failure raises, after what arrived before it."""
@@ -221,7 +238,7 @@ async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIt
                 failure = item
                 break
             else:
-                out.append(_rebase(item, tallies[index], index, merged_id))
+                out.append(_rebase(item, tallies[index], index, merged_id, feed))
         joined = b"".join(out)
         if joined:
             yield joined
@@ -259,27 +276,23 @@ def _id(plan: Plan) -> str:
     return f"{'chatcmpl' if plan.kind == 'chat' else 'cmpl'}-{plan.request_id}"
 
 
-def _rebase(piece: StreamPiece, tally: Tally, index: int, merged_id: str) -> bytes:
+def _rebase(
+    piece: StreamPiece, tally: Tally, index: int, merged_id: str, feed: EvidenceFeed
+) -> bytes:
     """A branch's piece as the merged stream's: each chunk's choice moved to the branch's
     index, the merged id; its own usage chunk, ``[DONE]`` and comments kept back (the
     merged stream ends once, with the usage summed)."""
     if piece.done:
         tally.done = True
     tally.add_all(piece.summaries)
-    if not any(s.choices for s in piece.summaries):
-        return b""
     out = []
-    for event in split_events(piece.raw):
-        data = event_data(event)
-        if not data or data == b"[DONE]":
-            continue
+    for data in choice_chunks(piece):
+        feed.chunk(data, index)
         chunk = msgspec.json.decode(data)
-        if not chunk.get("choices"):
-            continue
         tally.model = tally.model or str(chunk.get("model") or "")
         chunk["id"] = merged_id
         chunk.pop("usage", None)
-        for choice in chunk["choices"]:
+        for choice in chunk.get("choices") or []:
             choice["index"] = index
         out.append(encode_event(_encode(chunk)))
     return b"".join(out)
@@ -311,6 +324,16 @@ def _merge(merged_id: str, results: Sequence[UpstreamResult]) -> tuple[bytes, in
     else:
         merged.pop("usage", None)  # not all branches reported: the total is unknown
     return _encode(merged), len(choices)
+
+
+def _evidence(results: Sequence[UpstreamResult]) -> Evidence | None:
+    """How different the branches' candidates were, each at its merged index."""
+    feed = EvidenceFeed()
+    first = 0
+    for result in results:
+        feed.body(result.body, first)
+        first += len(result.summary.choices)
+    return feed.finish()
 
 
 async def _in_order(settlements: Sequence[Coroutine[Any, Any, None]]) -> None:

@@ -11,12 +11,13 @@ import msgspec
 
 from ncap.errors import NcapError, UpstreamError
 from ncap.lifecycle.attempts import StreamOpen
+from ncap.lifecycle.evidence import EvidenceFeed
 from ncap.lifecycle.failures import stream_cut
 from ncap.lifecycle.plan import Attempt
 from ncap.lifecycle.reports import Tally, stream_report
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed
-from ncap.streaming.sse import StreamPiece, encode_event, event_data
+from ncap.streaming.sse import StreamPiece, choice_chunks, encode_event, event_data
 
 __all__ = ["error_event", "relay"]
 
@@ -29,6 +30,8 @@ async def relay(
     """Forward each upstream piece as it arrives; the attempt is closed in ``finally``
     whatever ends the stream (its end, a cut, the client going away)."""
     tally = Tally(provider_request_id=opened.provider_request_id)
+    if attempt.plan.expected_returned > 1:
+        tally.evidence = EvidenceFeed()
     wants_usage = attempt.plan.client_wants_usage
     cut: str | None = "client_disconnect"
     try:
@@ -53,12 +56,17 @@ async def relay(
 
 
 def _take(piece: StreamPiece, tally: Tally, client_wants_usage: bool) -> bytes:
-    """The piece's bytes for the client, its summaries counted on the way."""
+    """The piece's bytes for the client, its summaries counted on the way (and, for
+    the candidates' evidence, each chunk that carries choices)."""
     if piece.done:
         tally.done = True
     if piece.choice_tokens is not None:
         tally.choice_tokens = piece.choice_tokens
-    if tally.add_all(piece.summaries) and not client_wants_usage:
+    usage_seen = tally.add_all(piece.summaries)
+    if tally.evidence is not None:
+        for data in choice_chunks(piece):
+            tally.evidence.chunk(data)
+    if usage_seen and not client_wants_usage:
         return _without_usage(piece.raw)
     return piece.raw
 

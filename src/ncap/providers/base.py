@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -20,6 +21,7 @@ from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamPiece
 
 __all__ = [
+    "TRACE_HEADERS",
     "AttemptFailed",
     "Provider",
     "RequestKind",
@@ -27,6 +29,10 @@ __all__ = [
     "UpstreamErrorDetail",
     "UpstreamResult",
 ]
+
+TRACE_HEADERS: ContextVar[Mapping[str, str] | None] = ContextVar("ncap_trace_headers", default=None)
+"""The trace context (``traceparent``) the current task's upstream request carries, set
+per attempt when traces are on; HTTP providers add it to their request's headers."""
 
 FailureKind = Literal["status", "timeout", "connection", "protocol", "oversized"]
 RequestKind = Literal["chat", "completions"]

@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
+from ncap.providers.base import TRACE_HEADERS, AttemptFailed, UpstreamErrorDetail
 from ncap.redact import Redactor
 
 __all__ = [
@@ -179,7 +179,11 @@ class HttpTransport:
         try:
             target = url or self.url
             async with self._client().post(
-                target, data=data, timeout=client_timeout, allow_redirects=False
+                target,
+                data=data,
+                timeout=client_timeout,
+                allow_redirects=False,
+                headers=TRACE_HEADERS.get(),
             ) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
@@ -212,7 +216,11 @@ class HttpTransport:
         with mapped():
             resp = await asyncio.wait_for(
                 self._client().post(
-                    url or self.url, data=data, timeout=client_timeout, allow_redirects=False
+                    url or self.url,
+                    data=data,
+                    timeout=client_timeout,
+                    allow_redirects=False,
+                    headers=TRACE_HEADERS.get(),
                 ),
                 timeout,
             )

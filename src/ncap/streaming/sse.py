@@ -28,6 +28,7 @@ __all__ = [
     "EventSplitter",
     "MalformedEvent",
     "StreamPiece",
+    "choice_chunks",
     "encode_event",
     "event_data",
     "iter_pieces",
@@ -208,6 +209,21 @@ def event_data(event: bytes) -> bytes:
         if stripped.startswith(b"data:"):
             data.append(stripped[5:].lstrip(b" "))
     return b"\n".join(data)
+
+
+def choice_chunks(piece: StreamPiece) -> list[bytes]:
+    """The data of the piece's events whose summary has choices, in order (the chunks a
+    rewrite or the candidates' evidence reads; the usage chunk, comments and ``[DONE]``
+    are not among them)."""
+    if not any(s.choices for s in piece.summaries):
+        return []
+    out = []
+    summaries = iter(piece.summaries)
+    for event in split_events(piece.raw):
+        data = event_data(event)
+        if data and data != b"[DONE]" and next(summaries).choices:
+            out.append(data)
+    return out
 
 
 def split_events(raw: bytes) -> list[bytes]:
