@@ -41,7 +41,8 @@ mutation: setup
 
 bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz
 
-# every row of issue 8's table, side by side in one run, with the machine's load
+# every target (bare upstream, ncap's configurations, LiteLLM, Portkey) at every
+# concurrency, side by side in one run, with the machine's load
 bench-gateway: setup
 	@scripts/setup-litellm.sh
 	@scripts/setup-portkey.sh
@@ -90,12 +91,12 @@ EXPORT_ARGS ?=
 bench-export: setup
 	$(BIN)/python bench/export_bench.py --rows $(EXPORT_ROWS) $(EXPORT_ARGS)
 
-# issue 15: the long fuzz pass (x10 the CI case counts: about 100,000 cases)
+# the long fuzz pass (x10 the CI case counts: about 100,000 cases)
 FUZZ_SCALE ?= 10
 fuzz: setup
 	NCAP_FUZZ_SCALE=$(FUZZ_SCALE) $(BIN)/pytest tests/hardening/test_fuzz.py -q -s -p no:cacheprovider
 
-# issue 15: load + faults + disconnects, then the books (bounded to 600 s)
+# soak: load + faults + disconnects, then the books (bounded to 600 s)
 SOAK_S ?= 120
 SOAK_STORES ?= embedded
 SOAK_ARGS ?= --gemini

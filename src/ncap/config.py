@@ -1,4 +1,4 @@
-"""The YAML configuration (SPEC Appendix A), validated on load.
+"""The YAML configuration (docs/configuration.md), validated on load.
 
 Every field has a default, so an empty file (or none) is the embedded default. The
 loader collects *every* problem with its location (``routes.primary-chat.contract.
@@ -133,7 +133,7 @@ LedgerDurability = Literal["normal", "full"]
 
 class Stores(_Model):
     ledger: str = "sqlite:///.ncap/ledger.db"
-    # in-process counters rebuilt from the ledger at start-up (SPEC §2, Appendix A)
+    # in-process counters rebuilt from the ledger at start-up (the embedded default)
     budgets: str = "memory://"
     # SQLite ledger: normal survives kill -9, full also power loss (docs/configuration.md)
     ledger_durability: LedgerDurability = "normal"
@@ -159,7 +159,7 @@ class Stores(_Model):
 class Limits(_Model):
     max_candidates_absolute: int = Field(16, ge=1, le=128)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    # issue 15: the rest of the request's size limits (see http/limits.py)
+    # the rest of the request's size limits (see http/limits.py)
     max_header_bytes: int = Field(8190, ge=1024)  # one header line (aiohttp's default)
     max_headers: int = Field(100, ge=8)
     max_messages: int = Field(2048, ge=1)

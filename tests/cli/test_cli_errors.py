@@ -1,4 +1,4 @@
-"""Issue 13: a user's mistake anywhere in the CLI is a message and an exit status, never
+"""A user's mistake anywhere in the CLI is a message and an exit status, never
 a traceback; ``--since``/``--until`` take words, durations and dates."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ledger event's columns (SPEC §7), settlement states and reconciliation."""
+"""The ledger event's columns (docs/ledger.md), settlement states and reconciliation."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from tests.services import pg_database, pg_schema
 from tests.stores.test_sqlite_ledger import FULL_EVENT, event
 
 OLD_ROWS = [FULL_EVENT, event("req-2", state="reserved", gateway_instance="old-gw")]
-# revision 3 added these (issue 13); rows written at revision 1 have none of them
+# revisions 3 to 5 added these; rows written at revision 1 have none of them
 ADDED_LATER = (
     "denied_by",
     "denied_limit",

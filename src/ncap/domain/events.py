@@ -1,4 +1,4 @@
-"""The ledger event (one row per attempt, SPEC §7) and how an attempt settles.
+"""The ledger event (one row per attempt, docs/ledger.md) and how an attempt settles.
 
 An event is sanitized by construction: it has no field that could hold prompt or
 completion text, headers, tool arguments or end-user identifiers. Token and cost
@@ -74,7 +74,7 @@ UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_req
 
 @dataclass(frozen=True, slots=True)
 class LedgerEvent:
-    """One attempt: the columns of SPEC §7 in its order, then ncap's own (``denied_*``,
+    """One attempt: the ledger's columns in docs/ledger.md's order, then ncap's own (``denied_*``,
     ``upstream_status``, ``client_retry_count``, ``output_tokens_per_choice``)."""
 
     timestamp: datetime
@@ -109,8 +109,8 @@ class LedgerEvent:
     reconciliation_reason: str | None = None
     gateway_instance: str = ""
     latency_ms: float | None = None
-    # extensions after SPEC §7's columns: what refused a denied request (null otherwise):
-    # the limit's name (a budget window, max_candidates, output_ceiling, a field), its
+    # extensions after the ledger's standard columns: what refused a denied request (null
+    # otherwise): the limit's name (a budget window, max_candidates, output_ceiling, a field), its
     # value, and what the request needed of it, in the limit's unit
     denied_by: str | None = None
     denied_limit: int | None = None

@@ -527,7 +527,8 @@ def _sessions(store: AdminStore, sync: GrantsSync, grants: Grants) -> Sessions:
 
 
 def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> None:
-    """Every endpoint of SPEC §3, the dashboard, the admin API and the OpenAPI document."""
+    """Every API endpoint (README.md, docs/operations.md), the dashboard, the admin API and
+    the OpenAPI document."""
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
@@ -608,7 +609,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start-up before the first request, then the orderly shutdown (``cleanup_ctx``)."""
     accounting, peers, admin_store = app[ACCOUNTING], app[PEERS], app[ADMIN_STORE]
     routes = app[GATEWAY].routes.values()
-    # recovery that knows its peers (issue 9): only dead instances' rows are lost
+    # recovery that knows its peers (docs/decisions/peer-recovery-heartbeats.md): only dead
+    # instances' rows are lost
     await peers.start()
     # in-process budgets rebuild from the ledger here even when no peer was lost
     # (once; a no-op for shared stores: this new instance holds nothing yet)

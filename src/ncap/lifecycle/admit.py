@@ -1,7 +1,7 @@
 """Admission of one request: policy decision and route contracts (a denial writes one
 ``denied`` row and raises, before any upstream call), then the reservation, sized for
 the dearest route the request may use, admitted atomically against every budget window
-(SPEC §4–§6). What comes out is the frozen ``Plan`` and the holds it reserved.
+What comes out is the frozen ``Plan`` and the holds it reserved.
 
 The policy reads the validated request struct (chat or legacy completions: what differs
 is in ``ncap.lifecycle.asked``); only the reservation's size estimate reads the body as

@@ -1,5 +1,5 @@
 """Attempts: one try of one route each (first call, retry, fallback), with its own
-ledger row and hold (SPEC §3.2).
+ledger row and hold (retries and fallbacks: docs/configuration.md).
 
 ``Attempts.first_answer`` walks the chain in order, each route up to 1 + retries
 times, with exponential backoff and jitter, honouring Retry-After; only retryable

@@ -79,7 +79,7 @@ class Accounting:
     """The ledger and the budgets, as the lifecycle uses them (and their readiness and
     shutdown, which the composition root drives). Recovering a dead gateway's rows and
     holds is not here: ``stores.PeerWatch`` does it, knowing which instances are alive
-    (an earlier ``start()`` marked every instance's rows lost, the bug of issue 9)."""
+    (an earlier ``start()`` marked every instance's rows lost, live peers' included)."""
 
     def __init__(
         self,
@@ -414,7 +414,7 @@ class Accounting:
     def _final(
         self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
     ) -> tuple[dict[str, Any], bool]:
-        """The row's final columns (SPEC §7) from what the attempt reported, and whether
+        """The row's final columns (docs/ledger.md) from what the attempt reported, and whether
         its hold stays reserved."""
         usage, rejected = report.usage, outcome in _NOTHING_GENERATED
         settlement = settle(
