@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry fuzz soak audit clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -39,7 +39,7 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz
+bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence fuzz
 
 # every target (bare upstream, ncap's configurations, LiteLLM, Portkey) at every
 # concurrency, side by side in one run, with the machine's load
@@ -71,6 +71,12 @@ bench-profile: setup
 bench-stack: setup
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/stack_choice.py --rounds 3 --duration 4
+
+# CPU per streamed chunk with the candidate evidence on and off: the relay path alone,
+# then two whole gateways in one run (the ratio of the medians)
+bench-evidence: setup
+	$(BIN)/python bench/evidence_bench.py --rounds 9
+	$(BIN)/python bench/evidence_bench.py --e2e --rounds 6 --requests 150
 
 bench-engine: setup
 	$(BIN)/python bench/engine_bench.py --repeat 3

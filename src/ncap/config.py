@@ -427,6 +427,10 @@ class Thresholds(_Model):
     exception_budget_warn: float = Field(0.8, gt=0, le=1)
     distribution_shift_psi: float = Field(0.2, gt=0)
     shift_min_requests: int = Field(100, ge=1)
+    # "candidates mostly duplicate": a workload's (or exception's) mean distinct share of
+    # its returned candidates below this, over at least candidates_min_requests requests
+    candidates_distinct_share: float | None = Field(0.5, gt=0, le=1)
+    candidates_min_requests: int = Field(20, ge=1)
 
     @field_validator("pending_age", mode="before")
     @classmethod

@@ -74,8 +74,9 @@ UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_req
 
 @dataclass(frozen=True, slots=True)
 class LedgerEvent:
-    """One attempt: the ledger's columns in docs/ledger.md's order, then ncap's own (``denied_*``,
-    ``upstream_status``, ``client_retry_count``, ``output_tokens_per_choice``)."""
+    """One attempt: the ledger's columns in docs/ledger.md's order, then ncap's own
+    (``denied_*``, ``upstream_status``, ``client_retry_count``, ``output_tokens_per_choice``,
+    the ``candidates_*`` evidence)."""
 
     timestamp: datetime
     request_id: str
@@ -124,6 +125,14 @@ class LedgerEvent:
     # each choice's output tokens in index order, where the route reveals them (the
     # local engine; an emulated branch's own usage); None where only the total is known
     output_tokens_per_choice: tuple[int, ...] | None = None
+    # how different the request's candidates were (``ncap.domain.evidence``), on the
+    # row of the attempt that returned them (an emulated fan-out: its first branch's),
+    # when it returned two or more and ended normally: how many were compared, how
+    # many distinct, the largest group of identical ones, how many called a tool
+    candidates_compared: int | None = None
+    candidates_distinct: int | None = None
+    candidates_majority: int | None = None
+    candidates_tool_calls: int | None = None
 
 
 LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerEvent))

@@ -14,6 +14,7 @@ from typing import Any
 
 from ncap.config import Route
 from ncap.domain.events import LedgerEvent
+from ncap.domain.evidence import Evidence
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
 from ncap.protocol.responses import SummaryUsage
@@ -153,3 +154,5 @@ class AttemptReport:
     stream: bool
     cut: str | None  # why a stream ended early, None when it ended normally
     choice_tokens: tuple[int, ...] | None = None  # per choice, when the provider told
+    # how different its candidates were (two or more, read whole; counts only)
+    evidence: Evidence | None = None

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from ncap.config import Config, ExceptionGrant, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import LEDGER_INT_MAX, AttemptOutcome, EventState, LedgerEvent, settle
+from ncap.domain.evidence import Evidence
 from ncap.domain.grants import Grants
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
@@ -433,6 +434,8 @@ class Accounting:
             final["output_tokens_per_choice"] = _per_choice(attempt, report)
         else:
             final = {}
+        if report.evidence is not None and not rejected:
+            final.update(_evidence_columns(report.evidence))
         final.update(
             # an upstream's id as it sent it is untrusted: the ledger keeps plausible ids only
             provider_request_id=bounded_id(report.provider_request_id),
@@ -470,6 +473,15 @@ class Accounting:
             m.child(m.tokens, rid, "out").inc(final["output_tokens_total"])
         if final["state"] in ("pending", "usage_reconciliation_required"):
             m.pending_reconciliation.inc()
+        compared = final.get("candidates_compared")
+        if compared:
+            m.candidates(
+                attempt.plan.caller.workload_id,
+                compared,
+                final["candidates_distinct"],
+                final["candidates_majority"],
+                final["candidates_tool_calls"],
+            )
 
 
 @dataclass(slots=True)
@@ -638,6 +650,15 @@ def _per_choice(attempt: Attempt, report: AttemptReport) -> tuple[int, ...] | No
     if attempt.plan.emulated and report.returned == 1:
         return (total,)
     return None
+
+
+def _evidence_columns(evidence: Evidence) -> dict[str, int]:
+    return {
+        "candidates_compared": evidence.compared,
+        "candidates_distinct": evidence.distinct,
+        "candidates_majority": evidence.majority,
+        "candidates_tool_calls": evidence.tool_calls,
+    }
 
 
 def _usage_source(usage: SummaryUsage | None, stream: bool, outcome: AttemptOutcome) -> Any:
