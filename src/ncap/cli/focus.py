@@ -126,6 +126,8 @@ _PROVIDERS = {
     "gemini": "Google",
     "local": "Self-hosted",
 }
+# the providers' own API hosts (Azure's resources are <name>.openai.azure.com)
+_PROVIDER_HOSTS = ("openai.com", "azure.com", "anthropic.com", "googleapis.com")
 _SERVICES = {
     "openai": "OpenAI API",
     "azure": "Azure OpenAI",
@@ -303,14 +305,15 @@ def _ncap_columns(event: LedgerEvent, charge: _Charge) -> Mapping[str, str | Non
 
 
 def _provider_name(route: Route | None) -> str:
-    """Who provides (and invoices) the tokens: the provider behind the route's kind; an
-    OpenAI-compatible route elsewhere than OpenAI's API is named by its host."""
+    """Who provides (and invoices) the tokens: the provider behind the route's kind; a
+    route whose ``base_url`` is not one of the providers' own hosts (a vLLM server
+    behind an OpenAI-compatible route) is named by its host."""
     if route is None:
         return "Unknown"
-    if route.provider == "openai" and route.base_url:
-        host = urlsplit(route.base_url).hostname or ""
-        if host and not host.endswith("openai.com"):
-            return host
+    base_url = getattr(route, "base_url", None)
+    host = (urlsplit(base_url).hostname or "") if base_url else ""
+    if host and not host.endswith(_PROVIDER_HOSTS):
+        return host
     return _PROVIDERS.get(route.provider, route.provider)
 
 
