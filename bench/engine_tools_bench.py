@@ -134,7 +134,14 @@ def sweep(client: openai.OpenAI, seeds: range, concurrency: int) -> tuple[Tally,
 
     with ThreadPoolExecutor(concurrency) as pool:
         for done, (body, completion) in enumerate(pool.map(one, bodies), 1):
+            seen = (sum(tally.choices.values()), len(tally.failures))
             tally.add(body, completion)
+            # one line a request, so that a run cut short still says what it saw
+            print(
+                f"seed {body['seed']}: {sum(tally.choices.values()) - seen[0]} choices as "
+                f"required, {len(tally.failures) - seen[1]} breaches",
+                flush=True,
+            )
             if done % 10 == 0:
                 print(
                     f"seeds {seeds.start}-{seeds.stop - 1}: {done}/{len(bodies)} requests, "
