@@ -21,8 +21,8 @@ from ncap.errors import NcapError
 from ncap.lifecycle.failures import as_failure, client_error
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
-from ncap.stores.base import Hold
+from ncap.providers.base import CLIENT_REQUEST_ID, AttemptFailed, RequestKind, UpstreamResult
+from ncap.stores.base import Hold, hold_id_for
 from ncap.streaming.sse import StreamEvent
 
 __all__ = ["Attempts", "StreamOpen", "for_route"]
@@ -73,6 +73,7 @@ class Attempts:
     async def call(self, attempt: Attempt, body: Mapping[str, Any]) -> UpstreamResult:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
         rt = attempt.route
+        CLIENT_REQUEST_ID.set(hold_id_for(attempt.plan.request_id, attempt.number))
         try:
             return await rt.provider.complete(
                 body, timeout=rt.route.timeout_s, kind=attempt.plan.kind
@@ -83,6 +84,7 @@ class Attempts:
 
     async def open(self, attempt: Attempt, body: Mapping[str, Any]) -> StreamOpen:
         """One streamed attempt up to its first event; a failure is recorded, then raised."""
+        CLIENT_REQUEST_ID.set(hold_id_for(attempt.plan.request_id, attempt.number))
         try:
             return await _open_stream(attempt.route, body, attempt.plan.kind)
         except (AttemptFailed, NcapError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -19,6 +20,7 @@ from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamEvent
 
 __all__ = [
+    "CLIENT_REQUEST_ID",
     "AttemptFailed",
     "Provider",
     "RequestKind",
@@ -26,6 +28,12 @@ __all__ = [
     "UpstreamErrorDetail",
     "UpstreamResult",
 ]
+
+# ncap's id of the attempt being sent (``<request id>#<attempt>``), set by the lifecycle
+# around each provider call: providers send it upstream where the provider keeps it
+# (OpenAI's ``X-Client-Request-Id``), so that a row the provider never named (a lost
+# gateway, a timeout) can still be matched in its usage records
+CLIENT_REQUEST_ID: ContextVar[str | None] = ContextVar("ncap_client_request_id", default=None)
 
 FailureKind = Literal["status", "timeout", "connection", "protocol"]
 RequestKind = Literal["chat", "completions"]

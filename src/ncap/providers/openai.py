@@ -21,6 +21,7 @@ import msgspec
 from ncap.config import Route
 from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
 from ncap.providers.base import (
+    CLIENT_REQUEST_ID,
     AttemptFailed,
     RequestKind,
     UpstreamErrorDetail,
@@ -64,7 +65,9 @@ class OpenAIProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         transport = self._transports[kind]
-        payload, headers = await transport.post(_encode(body), timeout=timeout)
+        payload, headers = await transport.post(
+            _encode(body), timeout=timeout, headers=_attempt_headers()
+        )
         request_id = transport.request_id(headers)
         try:
             summary = _summary.decode(payload)
@@ -79,13 +82,22 @@ class OpenAIProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         transport = self._transports[kind]
-        async with transport.open(_encode(body), timeout=timeout) as resp:
+        async with transport.open(
+            _encode(body), timeout=timeout, headers=_attempt_headers()
+        ) as resp:
             request_id = transport.request_id(resp.headers)
             yield request_id, _events(resp, request_id)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
             await transport.aclose()
+
+
+def _attempt_headers() -> dict[str, str] | None:
+    """``X-Client-Request-Id``: ncap's id of this attempt, which OpenAI keeps with the
+    request (ASCII, under its 512-character limit)."""
+    client_id = CLIENT_REQUEST_ID.get()
+    return {"X-Client-Request-Id": client_id} if client_id else None
 
 
 def _headers(route: Route, route_id: str) -> dict[str, str]:

@@ -76,7 +76,12 @@ class HttpTransport:
         return self._session
 
     async def post(
-        self, data: bytes, *, timeout: float, url: str | None = None
+        self,
+        data: bytes,
+        *,
+        timeout: float,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[bytes, Mapping[str, str]]:
         """The 200 answer's body and headers; any other status raises ``failure_of``'s."""
         client_timeout = self._whole_timeouts.get(timeout)
@@ -91,7 +96,8 @@ class HttpTransport:
         rid = None
         try:
             target = url or self.url
-            async with self._client().post(target, data=data, timeout=client_timeout) as resp:
+            post = self._client().post(target, data=data, timeout=client_timeout, headers=headers)
+            async with post as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
                 rid = self.request_id(resp.headers)
@@ -107,7 +113,12 @@ class HttpTransport:
 
     @asynccontextmanager
     async def open(
-        self, data: bytes, *, timeout: float, url: str | None = None
+        self,
+        data: bytes,
+        *,
+        timeout: float,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A 200 response whose body is still to be read; closed on leaving the context
         (client disconnect included), which cancels the upstream request."""
@@ -118,7 +129,10 @@ class HttpTransport:
         )
         with mapped():
             resp = await asyncio.wait_for(
-                self._client().post(url or self.url, data=data, timeout=client_timeout), timeout
+                self._client().post(
+                    url or self.url, data=data, timeout=client_timeout, headers=headers
+                ),
+                timeout,
             )
         try:
             if resp.status != 200:
