@@ -622,6 +622,7 @@ _VOIDED: dict[str, Any] = {
     "reserved_input_tokens": 0,
     "reserved_output_tokens": 0,
     "reserved_cost_micros": 0,
+    "reconciliation_reason": None,  # a sweep may have flagged it meanwhile
 }
 
 # what a denial changes on a reserved row written beside its refused reservation

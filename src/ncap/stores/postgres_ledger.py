@@ -160,7 +160,13 @@ class PostgresLedgerStore:
             self._writer = asyncio.create_task(self._write_loop())
         assert self._wake is not None
         self._wake.set()
-        await write.future  # a caller cancelled before its batch starts writes nothing
+        # bounded from submission: a write queued behind a batch that hangs (a partition)
+        # fails on time, and is never sent if its batch had not started
+        deadline = asyncio.get_running_loop().call_later(self.pool.timeout_s, _expire, write.future)
+        try:
+            await write.future  # a caller cancelled before its batch starts writes nothing
+        finally:
+            deadline.cancel()
 
     async def _write_loop(self) -> None:
         assert self._wake is not None
@@ -491,6 +497,11 @@ async def _update(conn: Conn, write: _Write) -> BaseException | None:
     if status.split()[-1] == "0":
         return _no_row(write.key)
     return None
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(StoreUnavailable("ledger", "PostgreSQL", "TimeoutError"))
 
 
 def _no_row(key: tuple[str, int]) -> KeyError:
