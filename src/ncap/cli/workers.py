@@ -80,17 +80,22 @@ class Supervisor:
         self._failures = [0] * workers
         self.stopping = False
         self.exit_code = 0
+        self._signalled: set[int] = set()
 
     def _spawn(self, slot: int) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(self._command(slot + 1))
         if self.stopping:  # a signal arrived while it started: it stops with the rest
+            self._signalled.add(proc.pid)
             proc.send_signal(signal.SIGTERM)
         return proc
 
     def stop(self, signum: int = signal.SIGTERM, frame: FrameType | None = None) -> None:
+        """SIGTERM to every running worker, once each: a second one would cut a
+        worker's graceful shutdown short (its settlements, its registry entry)."""
         self.stopping = True
         for proc in self.procs:
-            if proc.poll() is None:
+            if proc.poll() is None and proc.pid not in self._signalled:
+                self._signalled.add(proc.pid)
                 proc.send_signal(signal.SIGTERM)
 
     def run(self) -> int:
@@ -135,7 +140,9 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 codes.append(proc.wait())
-        return self.exit_code or max(codes, default=0)
+        # a worker killed by a signal (negative status) was restarted or is being
+        # stopped: the group's status is its workers' own exit statuses
+        return self.exit_code or max((c for c in codes if c > 0), default=0)
 
 
 def supervise(worker_args: list[str], workers: int, instance_id: str | None = None) -> int:
