@@ -169,7 +169,7 @@ class Accounting:
         """A ``reserved`` row whose write failed (a timeout, a partition): the client is
         told nothing was sent, yet the write may still reach the server and commit
         once the network heals. Once the ledger answers again, the attempt is recorded
-        as refused (``denied``/``store_unavailable``, nothing reserved), whichever lands
+        as refused (``denied``/``store_unavailable``, nothing held), whichever lands
         first: written as denied if the late row never came (which then meets this one
         and is dropped as a duplicate), else the late row turned into that denial."""
         denied = replace(row, **_VOIDED)
@@ -619,8 +619,6 @@ _VOIDED: dict[str, Any] = {
     "state": "denied",
     "policy_result": "deny",
     "policy_reason": "store_unavailable",
-    "reserved_input_tokens": 0,
-    "reserved_output_tokens": 0,
     "reserved_cost_micros": 0,
     "reconciliation_reason": None,  # a sweep may have flagged it meanwhile
 }
