@@ -39,7 +39,7 @@ def test_unusable_configs_are_refused(text: str, problem: str) -> None:
 
 
 def test_max_age_needs_a_unit() -> None:
-    """Decision (docs/decisions.md, issue 13): ``max_age: 30`` is refused, since an
+    """Decision (docs/decisions/config-max-age-needs-unit.md): ``max_age: 30`` is refused, since an
     operator who writes 30 means days far more often than seconds."""
     text = """
 models: {m: [r]}

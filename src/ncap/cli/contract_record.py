@@ -1,8 +1,9 @@
 """Write a probed contract record into the config file, as a round trip.
 
 ``ncap probe ROUTE`` writes ``routes.<ROUTE>.contract`` of the file the gateway reads
-(docs/decisions.md, issue 10): the policy already takes contracts from there, so there
-is one source of truth, and the change shows up in review like any other config change.
+(docs/decisions/probe-writes-contract-into-config.md): the policy already takes
+contracts from there, so there is one source of truth, and the change shows up in review
+like any other config change.
 The file is edited with ruamel.yaml's round-trip mode, so comments, key order, quoting
 and flow style stay as the operator wrote them; only the contract's probed keys change
 (``max_age`` and unknown siblings are kept). The new text is validated before it

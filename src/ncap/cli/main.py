@@ -137,7 +137,7 @@ async def _settle_the_heap(_app: object) -> None:
     as the process, so it leaves the collector's view (``gc.freeze``), and the
     youngest generation is collected less often (each request allocates a few
     thousand short-lived objects; most die by reference count, not by the collector).
-    Measured in docs/decisions.md, issue 8 (session 3)."""
+    Measured in docs/decisions/gc-tuned-in-serve.md."""
     import gc
 
     if os.environ.get("NCAP_GC_TUNING", "1") == "0":

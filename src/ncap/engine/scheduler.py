@@ -150,7 +150,7 @@ _MIN_WAIT = 32
 # llama.cpp's CPU flash attention takes a tiled path for 64 or more query rows in a
 # ubatch, whose sums depend on where the cells sit in the cache; below that, every row
 # attends over its visible cells in order, so a prompt whose prefix came from the cache
-# computes the same bits as one evaluated whole (docs/decisions.md, issue 12)
+# computes the same bits as one evaluated whole (docs/decisions/engine-n-ubatch-48.md)
 _UBATCH = 48
 # a one-row ubatch takes yet another attention kernel (split over the KV cells, so its
 # sums depend on the cache's size): a reused prompt's tail is at least two tokens

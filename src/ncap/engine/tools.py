@@ -8,7 +8,7 @@ both alternatives and lets the model's own probabilities choose, per choice; ``r
 and a named tool leave only the call. The format is the Hermes/Qwen one that SmolLM2 was
 trained with; its chat template has no tool support, so the tool list goes into the
 system message and tool results come back as ``<tool_response>`` user turns (the ChatML
-fallback of ``docs/decisions.md``).
+fallback of ``docs/decisions/engine-tool-calls-by-grammar.md``).
 """
 
 from __future__ import annotations

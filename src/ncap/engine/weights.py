@@ -5,7 +5,7 @@ backend has no batched kernel for Q4_1: a step of n sequences runs n dot product
 weight row (``ggml_vec_dot_q4_1_q8_1``). Q8_0 has one (llamafile's tinyBLAS) and Q4_0 two
 (tinyBLAS, and the AVX2 ``q4_0_8x8`` repack), so the engine can convert the file once,
 with llama.cpp's own ``llama_model_quantize``, into a cache file keyed by the source's
-SHA-256, the target type and the llama-cpp-python version (docs/decisions.md, issue 12).
+SHA-256, the target type and the llama-cpp-python version (docs/decisions/engine-weights-q8-0.md).
 
 Q8_0 is close to lossless from Q4_1 (an 8-bit grid over each 32-weight block is far
 finer than the 4-bit one it re-encodes); Q4_0 re-rounds the 4-bit grid and changes the

@@ -8,7 +8,7 @@ first attempts (the shift check), and small indexed queries for exceptions and
 pending rows. Percentiles are exact nearest-rank values read from a histogram
 (``GROUP BY`` the per-request total), which both SQLite and PostgreSQL can do.
 
-Definitions (docs/decisions.md, issue 11):
+Definitions (docs/decisions/report-what-counts.md):
 - a *request* is counted once, on its first row: ``attempt <= 1`` (a denial is
   attempt 0, or 1 when its reserved row was written beside a reservation on Redis and
   then became the denial; the first dispatched attempt is 1, emulated branches 1..k);

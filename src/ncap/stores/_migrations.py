@@ -4,7 +4,7 @@
 ``schema_version`` table; opening a store applies the newer ones (SQLite inside
 ``BEGIN IMMEDIATE``, PostgreSQL under an advisory lock), and ``ncap migrate`` does the
 same on demand. Plain SQL files rather than Alembic or yoyo: two small schemas, no ORM,
-and the same files are readable by an operator's DBA (docs/decisions.md, issue 9).
+and the same files are readable by an operator's DBA (docs/decisions/migrations-versioned-sql.md).
 """
 
 from __future__ import annotations

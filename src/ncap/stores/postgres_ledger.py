@@ -25,7 +25,7 @@ before the commit returns).
 Duplicates: the insert is ``ON CONFLICT DO NOTHING RETURNING`` the keys it wrote, so a
 second row for a (request_id, attempt) is refused with ``DuplicateAttempt`` without
 failing its neighbours. The driver is asyncpg (measured against psycopg 3:
-``bench/pg_driver.py``, docs/decisions.md).
+``bench/pg_driver.py``, docs/decisions/postgres-driver-asyncpg.md).
 """
 
 from __future__ import annotations
