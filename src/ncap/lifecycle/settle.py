@@ -71,7 +71,7 @@ class Accounting:
     """The ledger and the budgets, as the lifecycle uses them (and their readiness and
     shutdown, which the composition root drives). Recovering a dead gateway's rows and
     holds is not here: ``stores.PeerWatch`` does it, knowing which instances are alive
-    (an earlier ``start()`` marked every instance's rows lost, the bug of issue 9)."""
+    (an earlier ``start()`` marked every instance's rows lost, live peers' too)."""
 
     def __init__(
         self,
