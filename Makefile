@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz soak clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -24,6 +24,11 @@ unit: setup
 
 test: lint typecheck unit
 
+# the installed packages against the PyPA/OSV advisory databases (needs the network,
+# so it is not part of `make test`; see docs/reliability.md, "Dependency audit")
+audit: setup
+	$(BIN)/pip-audit --progress-spinner off --skip-editable
+
 # mutation testing of the accounting core ([tool.mutmut] in pyproject.toml); not part of
 # `make test`. Low parallelism by default: it is CPU-heavy. Results: docs/mutation.md.
 MUTATION_JOBS ?= 2
@@ -34,7 +39,7 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine fuzz
+bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz
 
 # every row of issue 8's table, side by side in one run, with the machine's load
 bench-gateway: setup
@@ -63,6 +68,22 @@ bench-stack: setup
 
 bench-engine: setup
 	$(BIN)/python bench/engine_bench.py --repeat 3
+
+# forced and auto tool calls: 200 seeded n=5 requests, every choice checked (long)
+bench-engine-tools: setup
+	$(BIN)/python bench/engine_tools_bench.py --seeds 200 --concurrency 4 --shards 4
+
+# two CPU burners: 20 n=4 requests through the embedded default, then a timeout
+bench-engine-timeouts: setup
+	$(BIN)/python bench/engine_timeouts_bench.py --requests 20 --burners 2
+
+# a generated 1,000,000-row ledger: ncap ledger export --format csv (under 30 s) and jsonl,
+# and ncap audit --since 7d, each timed as its own process (EXPORT_ARGS=--events also
+# times the event-by-event export for the ratio: minutes)
+EXPORT_ROWS ?= 1000000
+EXPORT_ARGS ?=
+bench-export: setup
+	$(BIN)/python bench/export_bench.py --rows $(EXPORT_ROWS) $(EXPORT_ARGS)
 
 # issue 15: the long fuzz pass (x10 the CI case counts: about 100,000 cases)
 FUZZ_SCALE ?= 10

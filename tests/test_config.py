@@ -74,3 +74,23 @@ def test_local_route_weights() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text % "q2_k")
     assert any("routes.r.weights (line 3)" in p for p in info.value.problems), info.value.problems
+
+
+def test_pending_age_as_a_bare_number_gets_the_documented_message() -> None:
+    text = "reports:\n  thresholds:\n    pending_age: 24\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert info.value.problems == [
+        "<config>: reports.thresholds.pending_age (line 3): a bare number is ambiguous: "
+        "write the unit, e.g. 24d, 24h or 24s"
+    ]
+    assert parse_config(text.replace("24", "24h")).reports.thresholds.pending_age == "24h"
+
+
+def test_a_sections_problem_points_at_its_name() -> None:
+    text = "models: {m: [r]}\nroutes:\n  r:\n    provider: openai\n    timeout_s: 5\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert info.value.problems == [
+        "<config>: routes.r (line 3): base_url is required for provider openai"
+    ]

@@ -193,3 +193,27 @@ def test_serve_prints_the_same_warnings_at_start_up(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("route", "problem"),
+    [
+        ("{provider: local, base_url: 'http://x'}", "routes.r.base_url (line 3): unknown field"),
+        ("{provider: openai, base_url: 'http://x', n_ctx: 4096}", "routes.r.n_ctx (line 3)"),
+        ("{provider: anthropic, upstream_model: c, api_version: v}", "routes.r.api_version"),
+        ("{provider: opena, base_url: 'http://x'}", "unknown provider 'opena' (did you mean"),
+        ("{base_url: 'http://x'}", "provider is required (one of: openai, azure, anthropic"),
+        (
+            "{provider: azure, base_url: 'http://x'}",
+            "upstream_model is required for provider azure",
+        ),
+    ],
+)
+def test_each_route_kind_has_only_its_own_fields(route: str, problem: str) -> None:
+    """Route config is one model per provider kind: a local route has no ``base_url``,
+    an HTTP route no ``n_ctx``; the place is the one written (no kind level)."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"models: {{m: [r]}}\nroutes:\n  r: {route}\n")
+    shown = "\n".join(info.value.problems)
+    assert problem in shown, shown
+    assert ".local." not in shown and ".openai." not in shown

@@ -10,25 +10,41 @@ fix files faster from a full list.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import re
 import types
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ncap.errors import ConfigError
 
 __all__ = [
+    "ROUTE_KINDS",
+    "AnthropicRoute",
+    "AzureRoute",
     "Config",
     "Contract",
     "ExceptionGrant",
+    "GeminiRoute",
+    "HttpRoute",
     "KeyEntry",
     "LedgerDurability",
+    "LocalRoute",
+    "OpenAIRoute",
     "Pricing",
     "Reports",
     "Route",
@@ -38,6 +54,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "parse_duration",
+    "parse_route",
     "reference_problems",
     "resolved",
     "warnings_for",
@@ -55,6 +72,11 @@ def parse_duration(value: str | float | int) -> timedelta:
     if not m:
         raise ValueError(f"not a duration: {value!r} (use e.g. 30d, 12h, 90m, 15s)")
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _bare_number(v: float) -> str:
+    """The one message for a duration written as a bare YAML number (docs/configuration.md)."""
+    return f"a bare number is ambiguous: write the unit, e.g. {v:g}d, {v:g}h or {v:g}s"
 
 
 class _Model(BaseModel):
@@ -88,6 +110,16 @@ class Server(_Model):
     # a stopping gateway retries the settlements a store refused (an outage) for up to
     # this long; rows still unsettled then are left to recovery (gateway_lost)
     shutdown_retry_s: float = Field(10.0, ge=0, le=600)
+    # a bearer token /metrics, /readyz and /openapi.json require (the admin key is
+    # accepted too), in this environment variable; None: they are open (/healthz is)
+    operations_key_env: str | None = None
+    # the dashboard's session cookie: Secure always (true: behind a TLS-terminating
+    # proxy, where the gateway itself sees plain HTTP), never (false), or as the
+    # connection is (null)
+    secure_cookies: bool | None = None
+    # failed admin authentications (a wrong admin key, a forged or ended session) per
+    # client address and minute; past it every admin attempt from there gets 429
+    admin_auth_failures_per_minute: int = Field(10, ge=1)
 
     @property
     def is_loopback(self) -> bool:
@@ -143,14 +175,48 @@ class Limits(_Model):
     # and a streamed answer's client must take each chunk within the other
     body_timeout_s: float = Field(30, gt=0)
     stream_write_timeout_s: float = Field(30, gt=0)
+    # the most bytes read of one upstream answer, for routes without their own
+    # ``max_answer_bytes``; None: derived per request from n x its output ceiling
+    max_upstream_answer_bytes: int | None = Field(None, ge=1024)
+
+
+# strings people put in an example or a first test: their SHA-256 is no secret, and a
+# key that hashes to one would let anyone in (an example config's "placeholders" once did)
+_WELL_KNOWN_KEYS = (
+    *("", "test", "test1", "test2", "test123", "testing", "password", "passw0rd", "secret"),
+    *("changeme", "change-me", "admin", "root", "key", "apikey", "api-key", "api_key"),
+    *("sk-test", "sk-xxx", "sk-...", "token", "1234", "12345", "123456", "12345678"),
+    *("letmein", "example", "placeholder", "your-api-key", "YOUR_API_KEY", "YOUR_KEY"),
+    *("your-key", "ncap", "demo", "default", "foo", "bar", "qwerty", "dev", "local"),
+)
+WEAK_KEY_HASHES = frozenset(
+    "sha256:" + hashlib.sha256(k.encode()).hexdigest() for k in _WELL_KNOWN_KEYS
+)
+
+
+# what an admin or a config names (an exception's id, a key's environment): it reaches
+# metric labels, the ledger and URLs, so it is short and plain
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$"
+# a key's label (for `ncap keys list` / `revoke`): the same, spaces allowed inside
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+ -]{0,63}$"
 
 
 class KeyEntry(_Model):
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     workload: str
-    environment: str = "production"
-    label: str | None = None  # a name for `ncap keys list` / `ncap keys revoke`
+    environment: str = Field("production", pattern=ID_PATTERN)
+    label: str | None = Field(None, pattern=LABEL_PATTERN)  # `ncap keys list` / `revoke`
     created: datetime | None = None
+
+    @field_validator("hash")
+    @classmethod
+    def _not_well_known(cls, v: str) -> str:
+        if v in WEAK_KEY_HASHES:
+            raise ValueError(
+                "this is the SHA-256 of a well-known string (such as 'test' or 'password'): "
+                "anyone could send it as a key; create one with `ncap keys create`"
+            )
+        return v
 
 
 class Workload(_Model):
@@ -170,14 +236,14 @@ class Workload(_Model):
 
 
 class ExceptionGrant(_Model):
-    id: str
+    id: str = Field(pattern=ID_PATTERN)
     workload: str
-    owner: str
+    owner: str = Field(min_length=1, max_length=256)
     max_candidates: int = Field(ge=1, le=128)
     output_ceiling: int | None = Field(None, ge=1)
     budget_usd: float | None = Field(None, ge=0)
     expires: datetime
-    reason: str = ""
+    reason: str = Field("", max_length=2000)
 
     @field_validator("expires")
     @classmethod
@@ -188,6 +254,9 @@ class ExceptionGrant(_Model):
 class Pricing(_Model):
     input_per_mtok: float = Field(0.0, ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
+    # prompt tokens written to the provider's cache (Anthropic: 125 % of input); unset:
+    # the input price
+    cache_write_input_per_mtok: float | None = Field(None, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
 
 
@@ -209,15 +278,16 @@ class Contract(_Model):
     # about billing: ``unbilled`` (nothing was generated: settle at zero) or ``unknown``
     # (hold the reservation until reconciled); see docs/configuration.md
     error_responses: Literal["unbilled", "unknown"] = "unbilled"
+    # the provider caches a repeated prompt prefix and bills the cached part at its
+    # cached rate (``ncap probe`` records it when a repeat reports cached tokens)
+    prompt_cache: bool = False
 
     @field_validator("max_age", mode="before")
     @classmethod
     def _max_age(cls, v: object) -> object:
         """A duration with its unit; a bare number is refused: ``30`` could mean days."""
         if isinstance(v, int | float) and not isinstance(v, bool):
-            raise ValueError(
-                f"a bare number is ambiguous: write the unit, e.g. {v:g}d, {v:g}h or {v:g}s"
-            )
+            raise ValueError(_bare_number(v))
         if isinstance(v, str):
             parse_duration(v)
         return v
@@ -232,23 +302,84 @@ class Contract(_Model):
         return parse_duration(self.max_age) if self.max_age else None
 
 
-class Route(_Model):
-    provider: Literal["openai", "gemini", "local"]
-    base_url: str | None = None
+class _RouteBase(_Model):
+    """What every route has, whatever serves it."""
+
     upstream_model: str | None = None
-    api_key_env: str | None = None
     timeout_s: float = Field(30.0, gt=0)
-    connect_timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(2, ge=0, le=10)
     backoff_s: float = Field(0.5, ge=0)
-    max_connections: int = Field(1024, ge=1)
     extra_fields: list[str] = []
+    pricing: Pricing = Pricing()
+    contract: Contract = Contract()
+    # a fan-out on a route whose contract says its provider caches prompts sends branch
+    # 0 first and the others once its first byte arrived (they read its cached prompt);
+    # false: all branches at once
+    fanout_cache_priming: bool = True
+
+
+class _HttpRoute(_RouteBase):
+    """A route served over HTTP: where, with which credential and connection pool."""
+
+    base_url: str | None = None
+    api_key_env: str | None = None
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(1024, ge=1)
     # static headers sent upstream on every attempt (e.g. an organisation id); never
     # the client's own headers, which are not forwarded
     headers: dict[str, str] = {}
-    pricing: Pricing = Pricing()
-    contract: Contract = Contract()
-    # provider: local
+    # the most bytes read of one answer (decompressed; a stream's bytes in all); past it
+    # the attempt fails with a 502. None: ``limits.max_upstream_answer_bytes``, else
+    # 1 MiB + 4 KiB per token the request allows (n x its output ceiling)
+    max_answer_bytes: int | None = Field(None, ge=1024)
+
+    @model_validator(mode="after")
+    def _required(self) -> _HttpRoute:
+        provider = getattr(self, "provider", "")
+        if provider in _NEEDS_BASE_URL and not self.base_url:
+            raise ValueError(f"base_url is required for provider {provider}")
+        # the upstream model is part of every URL (gemini), the deployment (azure), or
+        # required by the API (anthropic)
+        if provider in _NEEDS_MODEL and not self.upstream_model:
+            raise ValueError(f"upstream_model is required for provider {provider}")
+        return self
+
+
+_NEEDS_BASE_URL = ("openai", "azure")
+_NEEDS_MODEL = ("gemini", "anthropic", "azure")
+
+
+class OpenAIRoute(_HttpRoute):
+    """Any OpenAI-compatible Chat Completions API."""
+
+    provider: Literal["openai"]
+
+
+class AzureRoute(_HttpRoute):
+    """Azure OpenAI: set, the deployment URL form with this api-version; unset, the
+    /openai/v1 form (``upstream_model`` is the deployment's name)."""
+
+    provider: Literal["azure"]
+    api_version: str | None = None
+
+
+class AnthropicRoute(_HttpRoute):
+    """Anthropic's Messages API (``anthropic_version``: the header every request sends)."""
+
+    provider: Literal["anthropic"]
+    anthropic_version: str = "2023-06-01"
+
+
+class GeminiRoute(_HttpRoute):
+    """Google's Gemini API (``base_url`` defaults to Google's, providers/gemini.py)."""
+
+    provider: Literal["gemini"]
+
+
+class LocalRoute(_RouteBase):
+    """The in-process llama.cpp engine."""
+
+    provider: Literal["local"]
     model_path: str | None = None
     n_ctx: int = Field(8192, ge=256)
     max_sequences: int = Field(32, ge=1, le=256)
@@ -260,15 +391,35 @@ class Route(_Model):
     # original, or a one-off conversion to q8_0 / q4_0 (ncap.engine.weights)
     weights: Literal["auto", "original", "q8_0", "q4_0"] = "auto"
 
-    @model_validator(mode="after")
-    def _provider_fields(self) -> Route:
-        # gemini: base_url defaults to Google's Gemini API (providers/gemini.py); the
-        # upstream model is part of every URL, so it is required
-        if self.provider == "gemini" and not self.upstream_model:
-            raise ValueError("upstream_model is required for provider gemini")
-        if self.provider == "openai" and not self.base_url:
-            raise ValueError(f"base_url is required for provider {self.provider}")
-        return self
+
+HttpRoute = OpenAIRoute | AzureRoute | AnthropicRoute | GeminiRoute
+Route = Annotated[HttpRoute | LocalRoute, Field(discriminator="provider")]
+"""A route, by the kind of provider that serves it: a local route has no ``base_url``
+and an HTTP route no ``n_ctx`` (either is an unknown field there)."""
+_ROUTE = TypeAdapter(Route)
+
+
+def _reads_answers(route: Any) -> bool:
+    """A route (as written) of a kind that reads answers over HTTP, without its own
+    ``max_answer_bytes`` (the local engine's answers are its own)."""
+    if not isinstance(route, Mapping) or route.get("max_answer_bytes") is not None:
+        return False
+    kind = ROUTE_KINDS.get(str(route.get("provider")))
+    return kind is not None and "max_answer_bytes" in kind.model_fields
+
+
+def parse_route(data: Any) -> OpenAIRoute | AzureRoute | AnthropicRoute | GeminiRoute | LocalRoute:
+    """One route from its mapping, by its ``provider`` (pydantic's errors as they are)."""
+    return _ROUTE.validate_python(data)
+
+
+ROUTE_KINDS: dict[str, type[_RouteBase]] = {
+    "openai": OpenAIRoute,
+    "azure": AzureRoute,
+    "anthropic": AnthropicRoute,
+    "gemini": GeminiRoute,
+    "local": LocalRoute,
+}
 
 
 class Thresholds(_Model):
@@ -284,10 +435,14 @@ class Thresholds(_Model):
     distribution_shift_psi: float = Field(0.2, gt=0)
     shift_min_requests: int = Field(100, ge=1)
 
-    @field_validator("pending_age")
+    @field_validator("pending_age", mode="before")
     @classmethod
-    def _age(cls, v: str | None) -> str | None:
-        if v is not None:
+    def _age(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            raise ValueError(_bare_number(v))  # 24 could mean hours as well as seconds
+        if isinstance(v, str):
             parse_duration(v)
         return v
 
@@ -363,6 +518,23 @@ class Config(_Model):
         return longest + self.server.heartbeat_timeout_s
 
     alerts: BudgetAlerts = BudgetAlerts()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _answer_bound(cls, data: Any) -> Any:
+        """``limits.max_upstream_answer_bytes`` is every route's ``max_answer_bytes``
+        unless the route sets its own (a provider only sees its route)."""
+        if not isinstance(data, Mapping):
+            return data
+        limits, routes = data.get("limits"), data.get("routes")
+        bound = limits.get("max_upstream_answer_bytes") if isinstance(limits, Mapping) else None
+        if bound is None or not isinstance(routes, Mapping):
+            return data
+        filled = {
+            rid: {**r, "max_answer_bytes": bound} if _reads_answers(r) else r
+            for rid, r in routes.items()
+        }
+        return {**data, "routes": filled}
 
     @model_validator(mode="after")
     def _references(self) -> Config:
@@ -462,9 +634,10 @@ def default_config() -> Config:
         workloads={"default": Workload(max_candidates=4)},
         models={"smollm2": ["local-smollm2"]},
         routes={
-            "local-smollm2": Route(
+            "local-smollm2": LocalRoute(
+                # no timeout_s: each attempt gets a budget from its size and the engine's
+                # measured speed, charged from admission (providers/local.py)
                 provider="local",
-                timeout_s=300,  # a long local generation on a laptop is not a failure
                 contract=Contract(
                     candidates="native",
                     max_candidates=32,
@@ -543,13 +716,26 @@ def _describe(errors: Iterable[Any], root: yaml.Node | None, source: str) -> Ite
     for err in errors:
         if not err["loc"]:
             continue  # Config._references: reported by ``_located`` with real places
-        loc = [str(part) for part in err["loc"]]
+        loc = _untagged([str(part) for part in err["loc"]])
         line = _line_of(root, loc)
         at = f" (line {line})" if line else ""
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown field {loc[-1]!r}{_field_hint(err['loc'])}"
+        elif err["type"] == "union_tag_invalid":
+            given = str(err.get("ctx", {}).get("tag", ""))
+            msg = f"unknown provider {given!r}{_hint(given, ROUTE_KINDS)}"
+        elif err["type"] == "union_tag_not_found":
+            msg = f"provider is required (one of: {', '.join(ROUTE_KINDS)})"
         yield f"{source}: {_dotted(loc)}{at}: {msg}"
+
+
+def _untagged(loc: list[str]) -> list[str]:
+    """The place as written: pydantic puts a route's kind (its ``provider`` tag) after
+    the route's id (``routes.r.openai.base_url``); the file has no such level."""
+    if len(loc) > 2 and loc[0] == "routes" and loc[2] in ROUTE_KINDS:
+        return [*loc[:2], *loc[3:]]
+    return loc
 
 
 def _field_hint(loc: tuple[Any, ...]) -> str:
@@ -566,6 +752,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     annotation: Any = Config
     for part in loc:
         annotation = _unwrap(annotation)
+        if get_origin(annotation) is Annotated and str(part) in ROUTE_KINDS:
+            annotation = ROUTE_KINDS[str(part)]  # the route's kind, from its tag
+            continue
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             field = annotation.model_fields.get(str(part))
             if field is None:
@@ -595,6 +784,15 @@ def warnings_for(config: Config, text: str, source: str, now: datetime) -> list[
     except yaml.YAMLError:
         root = None
     found: list[tuple[Loc, str]] = []
+    if not config.server.is_loopback and config.server.operations_key_env is None:
+        found.append(
+            (
+                ("server", "host"),
+                f"bound to {config.server.host} without server.operations_key_env: /metrics, "
+                "/readyz and /openapi.json (spend and limits per workload, route and "
+                "exception ids) answer anyone who can reach it",
+            )
+        )
     for rid, route in config.routes.items():
         found += _contract_warnings(rid, route.contract, now)
     for i, grant in enumerate(config.exceptions):
@@ -634,27 +832,10 @@ def _contract_warnings(rid: str, contract: Contract, now: datetime) -> list[tupl
     return []
 
 
-_LOCAL_ONLY = (
-    "model_path",
-    "n_ctx",
-    "max_sequences",
-    "max_queue",
-    "threads",
-    "weights",
-    "prefix_cache_tokens",
-)
-_REMOTE_ONLY = ("base_url", "api_key_env", "headers", "connect_timeout_s", "max_connections")
-
-
 def resolved(config: Config) -> dict[str, Any]:
-    """The config with every default filled in, each route showing only the fields its
-    provider uses (``check-config`` prints this)."""
-    out = config.model_dump(mode="json")
-    for rid, route in config.routes.items():
-        hidden = _LOCAL_ONLY if route.provider != "local" else _REMOTE_ONLY
-        for name in hidden:
-            out["routes"][rid].pop(name, None)
-    return out
+    """The config with every default filled in (each route has only the fields of its
+    provider's kind; ``check-config`` prints this)."""
+    return config.model_dump(mode="json")
 
 
 def _line_of(node: yaml.Node | None, loc: list[str]) -> int | None:
@@ -662,14 +843,16 @@ def _line_of(node: yaml.Node | None, loc: list[str]) -> int | None:
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if str(k.value) == part), None)
+            pair = next(((k, v) for k, v in node.value if str(k.value) == part), None)
+            if pair is None:
+                break
+            # the key's line: a section's value starts on the line after ``name:``
+            line, node = pair[0].start_mark.line + 1, pair[1]
         elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
             node = node.value[int(part)]
+            line = node.start_mark.line + 1
         else:
             break
-        if node is None:
-            break
-        line = node.start_mark.line + 1
     return line
 
 

@@ -113,6 +113,8 @@ class NcapError(Exception):
         self.param = param
         self.retry_after = retry_after
         self.refusal = refusal
+        # what the gateway decided about the request before it failed (``x-ncap-*``)
+        self.request_headers: dict[str, str] = {}
         if code is not None:
             self.code = code  # type: ignore[misc]
 
@@ -132,7 +134,7 @@ class NcapError(Exception):
         }
 
     def headers(self) -> dict[str, str]:
-        out: dict[str, str] = {}
+        out: dict[str, str] = dict(self.request_headers)
         if self.retry_after is not None:
             out["retry-after"] = str(max(0, round(self.retry_after)))
             out["retry-after-ms"] = str(max(0, int(self.retry_after * 1000)))

@@ -81,6 +81,24 @@ class Metrics:
         self.pending_reconciliation = Gauge(
             "ncap_pending_reconciliation", "Ledger events awaiting reconciliation", registry=r
         )
+        self.pending_by_route = Gauge(
+            "ncap_pending_reconciliation_by_route",
+            "Ledger events awaiting reconciliation, by workload and route",
+            ["workload", "route"],
+            registry=r,
+        )
+        self.pending_oldest_age = Gauge(
+            "ncap_pending_reconciliation_oldest_age_seconds",
+            "Age of the oldest ledger event awaiting reconciliation (0: none)",
+            ["workload", "route"],
+            registry=r,
+        )
+        self.alert_webhook_failures = Counter(
+            "ncap_budget_alert_webhook_failures",
+            "Budget alerts whose webhook delivery was given up (after every retry)",
+            ["window"],
+            registry=r,
+        )
         self.bookkeeping_failures = Counter(
             "ncap_bookkeeping_failures",
             "Ledger/budget updates that failed after the answer was sent",

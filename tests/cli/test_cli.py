@@ -48,7 +48,8 @@ def test_check_config_lists_every_problem_with_its_line(tmp_path: Path) -> None:
         ("routes.r1.contract.max_age", 13),
     ]:
         assert f"{where} (line {line})" in out, out
-    assert "routes.r2 (line 15): base_url is required" in out
+    # a section's problem points at its name (line 14), not at its first field
+    assert "routes.r2 (line 14): base_url is required" in out
 
 
 def test_check_config_prints_the_resolved_config(tmp_path: Path) -> None:

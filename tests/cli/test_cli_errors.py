@@ -4,6 +4,7 @@ a traceback; ``--since``/``--until`` take words, durations and dates."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -33,6 +34,10 @@ BAD_INVOCATIONS = [
     (["ledger", "export", "--config", "pg.yaml"], "PostgreSQL"),
     (["ledger", "export", "--config", "unwritable.yaml"], "cannot create"),
     (["no-such-command"], "No such command"),
+    (["serve", "--port", "84643"], "less than or equal to 65535"),
+    (["ledger", "generate", "--rows", "10", "--out", "/nonexistent/dir/x.db"], "no such directory"),
+    (["audit", "--since", "1000000d"], "too far back"),
+    (["report", "daily", "--date", "0001-01-01"], "too far back"),
 ]
 
 
@@ -58,6 +63,25 @@ def test_bad_invocations_exit_2_without_a_traceback(
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr + done.stdout
     assert message in " ".join(done.stderr.split()), done.stderr
+    assert "listening" not in done.stderr
+
+
+def test_serve_on_a_busy_port_fails_without_saying_it_listens(folder: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [*NCAP, "serve", "--port", str(port)],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "listening" not in done.stderr
+    assert "address already in use" in " ".join(done.stderr.lower().split())
+    assert "Traceback" not in done.stderr
 
 
 def test_since_and_until_words_durations_and_dates(folder: Path) -> None:

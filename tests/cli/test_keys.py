@@ -95,7 +95,8 @@ def test_list_and_revoke(tmp_path: Path) -> None:
     listed = CliRunner().invoke(app, ["keys", "list", "--config", str(path)])
     assert listed.exit_code == 0
     lines = listed.stdout.splitlines()
-    assert lines[0].split("\t") == ["label", "workload", "environment", "hash", "created"]
+    header = ["label", "workload", "environment", "hash", "created", "source"]
+    assert lines[0].split("\t") == header
     assert [line.split("\t")[0] for line in lines[1:]] == ["app-one", "app-two"]
     assert key_two not in listed.stdout  # only a hash prefix is shown
     revoked = CliRunner().invoke(app, ["keys", "revoke", "app-one", "--config", str(path)])

@@ -88,7 +88,8 @@ def test_probe_records_each_contract_and_the_gateway_acts_on_it(
         result = _probe(path, rid)
         assert result.exit_code == 0, result.output
         assert f"probe of route {rid}" in result.output
-    assert state.by_endpoint["chat.completions"] == 2 * len(ROUTES)
+    # two candidate probes per route, and a long prompt twice (OpenAI caches prompts)
+    assert state.by_endpoint["chat.completions"] == 4 * len(ROUTES)
 
     text = path.read_text()
     assert text.startswith("# written by hand; the probe keeps this comment")
@@ -111,6 +112,7 @@ def test_probe_records_each_contract_and_the_gateway_acts_on_it(
         "gateway_version": __version__,
     }
     for rid in ROUTES:
+        assert contracts[rid]["prompt_cache"] is False  # this fake caches nothing
         assert contracts[rid]["max_age"] == "30d"
         assert contracts[rid]["verified_at"]
         assert contracts[rid]["fingerprint"]["provider"] == "openai"

@@ -363,3 +363,22 @@ def test_error_names_the_workload() -> None:
         with pytest.raises(RateLimited) as info:
             admit("support-draft", None, usage, windows, AMOUNTS, BUCKETS)
         assert "Workload 'support-draft'" in info.value.message
+
+
+def test_an_exhausted_exception_budget_does_not_promise_a_reset() -> None:
+    """An exception's budget covers its whole life: its 429 says so, and sends no
+    Retry-After; a day budget's 429 still says to wait for the reset."""
+    from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
+    from ncap.errors import BudgetExhausted
+
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    windows = BudgetWindows(exception_budget_micros=1_000, usd_per_day_micros=10_000)
+    with pytest.raises(BudgetExhausted) as spent:
+        admit("w", "eval", Usage(cost_exception=900), windows, Amounts(10, 200), Buckets.at(now))
+    assert spent.value.refusal is not None and spent.value.refusal.limit == "exception"
+    assert "never resets" in spent.value.message
+    assert "wait for the budget period to reset" not in spent.value.message
+    assert spent.value.retry_after is None
+    with pytest.raises(BudgetExhausted) as day:
+        admit("w", None, Usage(cost_day=9_900), windows, Amounts(10, 200), Buckets.at(now))
+    assert "wait for the budget period to reset" in day.value.message

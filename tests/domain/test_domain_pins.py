@@ -283,6 +283,11 @@ def test_estimate_hand_counted(
 # NOW is 12:00:00 UTC: the next minute is 60 s away, the next day 12 h.
 
 _HINT = " Lower n or max_completion_tokens, or wait for the budget period to reset."
+# an exception's budget is for its whole life: it never resets
+_LIFE_HINT = (
+    " An exception's budget covers its whole life and never resets: lower n or"
+    " max_completion_tokens, or ask the exception's owner for a new one."
+)
 
 
 def _refused(
@@ -344,7 +349,7 @@ def test_budget_denials_word_for_word(
 ) -> None:
     error = _refused(windows, usage, Amounts(tokens=7, cost_micros=4), exception_id)
     assert type(error) is BudgetExhausted
-    assert error.message == message + _HINT
+    assert error.message == message + (_LIFE_HINT if refusal.limit == "exception" else _HINT)
     assert error.retry_after == retry_after
     assert error.refusal == refusal
 

@@ -107,6 +107,10 @@ SETTLE_TABLE: list[tuple[AttemptOutcome, bool, int | None, bool, str, str | None
     ("rejected", False, 0, False, "settled", None),  # a 4xx refusal generated nothing
     ("unbilled_error", False, 0, False, "settled", None),  # the contract: nothing generated
     ("unbilled_error", True, 0, False, "settled", None),  # an error answer to a stream request
+    # the provider cancelled its own work at the timeout and counted it: settled at that
+    ("cancelled", False, 0, True, "settled", None),
+    ("cancelled", True, 0, True, "settled", None),
+    ("cancelled", False, 0, False, "usage_reconciliation_required", "usage_missing"),
 ]
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ncap.config import Route
+from ncap.config import LocalRoute
 from ncap.errors import ContextLengthExceeded
 from ncap.providers.local import LocalProvider
 from tests.engine._require import require_engine
@@ -26,7 +26,7 @@ BODY = {
 
 @pytest.fixture
 async def provider() -> AsyncIterator[LocalProvider]:
-    p = LocalProvider(Route(provider="local", n_ctx=1024, max_sequences=8, threads=2))
+    p = LocalProvider(LocalRoute(provider="local", n_ctx=1024, max_sequences=8, threads=2))
     yield p
     await p.aclose()
 

@@ -82,24 +82,78 @@ def test_grammar_offers_prose_only_under_auto() -> None:
 
 def test_calls_are_parsed_with_ids_and_json_arguments() -> None:
     text = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
-    (call,) = parse_calls(text) or []
+    read = parse_calls(text)
+    assert read is not None and read.complete
+    (call,) = read.calls
     assert (call.name, json.loads(call.arguments)) == ("get_time", {"timezone": "UTC"})
     assert call.id.startswith("call_")
     assert parse_calls("Hello") is None
-    assert parse_calls('<tool_call>\n{"name": "get_ti') is None  # cut by the length limit
+
+
+def test_a_closing_tag_inside_an_argument_string_is_part_of_the_string() -> None:
+    # what a pattern-based reader split into two calls, or handed back as prose
+    args = {"tz": "UTC+5 </tool_call> Even <tool_call>"}
+    block = json.dumps({"name": "get_time", "arguments": args})
+    read = parse_calls(f"<tool_call>\n{block}\n</tool_call>\n<tool_call>\n{block}\n</tool_call>")
+    assert read is not None and read.complete
+    assert [json.loads(c.arguments) for c in read.calls] == [args, args]
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "arguments"),
+    [
+        ('<tool_call>\n{"name": "get_time", "arguments": {"tz": "UT', "get_time", '{"tz": "UT'),
+        ('<tool_call>\n{"name": "get_t', "get_time", ""),  # one tool begins so: completed
+        ('<tool_call>\n{"name": "get_', "get_", ""),  # two do: as far as it went
+        ("<tool_ca", "", ""),
+        # the arguments were whole, the block was cut after them
+        (
+            '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"} }\n</tool',
+            "get_time",
+            '{"tz": "UTC"}',
+        ),
+    ],
+)
+def test_a_call_cut_by_the_token_limit_is_a_partial_call(
+    text: str, name: str, arguments: str
+) -> None:
+    read = parse_calls(text, ["get_time", "get_weather"])
+    assert read is not None and not read.complete
+    (call,) = read.calls
+    assert (call.name, call.arguments) == (name, arguments)
+
+
+def test_whole_calls_before_a_cut_one_are_kept() -> None:
+    whole = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    read = parse_calls(f'{whole}\n{whole}\n<tool_call>\n{{"name": "get_weather", "argu')
+    assert read is not None and not read.complete
+    assert [(c.name, c.arguments) for c in read.calls] == [
+        ("get_time", "{}"),
+        ("get_time", "{}"),
+        ("get_weather", ""),
+    ]
 
 
 def test_a_call_is_held_back_until_its_choice_ends_prose_is_not() -> None:
     prose = ToolChoiceText()
-    assert prose.feed(" ", False) == ("", None)
-    assert prose.feed("Hello", False) == (" Hello", None)
+    assert prose.feed("", False) == ("", None)
+    assert prose.feed(" Hello", False) == (" Hello", None)
     call = ToolChoiceText()
     assert call.feed("<tool_call>\n", False) == ("", None)
-    text, calls = call.feed('{"name": "f", "arguments": {}}\n</tool_call>', True)
-    assert text == "" and calls is not None and calls[0].name == "f"
-    cut = ToolChoiceText()
+    text, read = call.feed('{"name": "f", "arguments": {}}\n</tool_call>', True)
+    assert text == "" and read is not None and read.calls[0].name == "f" and read.complete
+    cut = ToolChoiceText(["f"])
     cut.feed("<tool_call>\n{", False)
-    assert cut.feed('"na', True) == ('<tool_call>\n{"na', None)
+    text, read = cut.feed('"na', True)  # a cut call is still a call, never prose
+    assert text == "" and read is not None and not read.complete
+    assert [(c.name, c.arguments) for c in read.calls] == [("f", "")]
+
+
+def test_grammar_strings_refuse_raw_control_characters() -> None:
+    spec = tool_spec({"tools": [WEATHER], "tool_choice": "required"})
+    assert spec is not None
+    (char,) = [r for r in tool_grammar(spec).splitlines() if r.startswith("char ::=")]
+    assert "\\x00-\\x1F" in char and "\\x7F" in char
 
 
 def test_chatml_fallback_renders_tools_calls_and_results() -> None:

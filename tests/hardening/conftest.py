@@ -38,7 +38,12 @@ def hardened_config(upstream: str, tmp: Path) -> object:
         routes=routes,
         models={MODEL: ["fake"], **{fault_alias(f): [fault_alias(f)] for f in FAULTS}},
         keys=[{"hash": hash_key(CLIENT_KEY), "workload": "default"}],
-        server={"ramp": {"requests_per_second": 100000, "burst": 100000}, "max_in_flight": 4096},
+        server={
+            "ramp": {"requests_per_second": 100000, "burst": 100000},
+            "max_in_flight": 4096,
+            # these suites send many wrong admin keys on purpose, from one address
+            "admin_auth_failures_per_minute": 100000,
+        },
         workloads={"default": {"max_candidates": 4, "output_ceiling": 256, "max_concurrency": 512}},
     )
 

@@ -189,6 +189,31 @@ async def test_emulated_route_fans_out_single_candidate_requests(
     assert await holds(tmp_path) == []
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_emulated_branches_get_consecutive_seeds(
+    fake: tuple[str, FakeState], tmp_path: Path, stream: bool
+) -> None:
+    """A client's seed s reaches branch i as s + i: k independent draws, not k copies."""
+    fake[1].reset()
+    with gateway(_emulated(fake, tmp_path)) as gw:
+        r = await post(gw, {**BODY, "n": 4, "seed": 7, "stream": stream})
+        await settled_rows(tmp_path, r.headers["x-request-id"], 4)
+    assert r.status_code == 200
+    sent = fake[1].stats()["recent_bodies"]
+    assert sorted(b["seed"] for b in sent) == [7, 8, 9, 10]
+    assert all("n" not in b for b in sent)
+
+
+async def test_emulated_branches_without_seed_send_none(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    fake[1].reset()
+    with gateway(_emulated(fake, tmp_path)) as gw:
+        r = await post(gw, {**BODY, "n": 3})
+        await settled_rows(tmp_path, r.headers["x-request-id"], 3)
+    assert all("seed" not in b for b in fake[1].stats()["recent_bodies"])
+
+
 async def test_emulated_fan_out_is_all_or_nothing(
     fake: tuple[str, FakeState], tmp_path: Path
 ) -> None:

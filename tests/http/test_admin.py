@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from ncap.config import Config
+from ncap.http.admin import admin_actor
 from ncap.testing.fake_upstream import FakeState
 from tests.support import ServerThread, gateway, gateway_config
 
@@ -113,10 +114,13 @@ def test_exception_created_used_revoked_without_restart(
         ).fetchall()
     assert used == [("eval-q4", 3)]
     rows = _audit_rows(tmp_path)
+    # the actor is the admin credential's fingerprint; the header's name is only a claim
+    actor = admin_actor(ADMIN_KEY)
     assert [(a, act, k, t) for a, act, k, t, _ in rows] == [
-        ("ops@example.com", "create", "exception", "eval-q4"),
-        ("ops@example.com", "revoke", "exception", "eval-q4"),
+        (actor, "create", "exception", "eval-q4"),
+        (actor, "revoke", "exception", "eval-q4"),
     ]
+    assert [r[4]["claimed_actor"] for r in rows] == ["ops@example.com"] * 2
     assert rows[0][4]["max_candidates"] == 4 and rows[0][4]["owner"] == "finops@example.com"
     assert admin.get("/admin/audit").json()["data"][1]["action"] == "revoke"
 
@@ -200,6 +204,8 @@ def test_config_exception_revoked_and_kept_revoked(
         ),
         ({**GRANT, "colour": "red"}, 400, "colour", "unknown_parameter"),
         ({**GRANT, "expires": "soon"}, 400, "expires", "invalid_value"),
+        # already expired: it would never apply and its id could never be reused
+        ({**GRANT, "expires": "2020-01-01T00:00:00Z"}, 400, "expires", "invalid_value"),
     ],
 )
 def test_bad_exception_is_an_openai_400(

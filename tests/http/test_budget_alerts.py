@@ -183,3 +183,42 @@ def test_each_threshold_posted_exactly_once(
 def test_bad_alert_config_is_refused(alerts: dict[str, Any], tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         gateway_config("http://127.0.0.1:9/v1", tmp_path, alerts=alerts)
+
+
+def test_a_budget_refusing_requests_fires_its_critical_alert(
+    upstream: str, receiver: tuple[Receiver, str], tmp_path: Path
+) -> None:
+    """USD 0.13 a day at USD 0.02 a request: six requests spend 92 %, the seventh would
+    pass the limit and is refused, so spend never reaches 100 %; the refusal itself
+    fires the 100 % alert, saying that the budget refuses requests."""
+    hook, url = receiver
+    config = _config(upstream, url, tmp_path)
+    config = config.model_copy(
+        update={
+            "workloads": {
+                "default": config.workloads["default"].model_copy(
+                    update={"usd_per_day": 0.13, "usd_per_month": None}
+                )
+            },
+            "exceptions": [],
+        }
+    )
+    with gateway(config) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+        for _ in range(6):
+            client.chat.completions.create(model="fake-model", messages=MESSAGES)
+        _wait_for(hook, 2)
+        time.sleep(0.3)
+        assert sorted(_key(p) for p in hook.accepted) == [
+            ("default", "day", 50),
+            ("default", "day", 80),
+        ]
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="fake-model", messages=MESSAGES)
+        assert refused.value.code == "budget_exhausted"
+        _wait_for(hook, 3)
+    critical = [p for p in hook.accepted if _key(p) == ("default", "day", 100)]
+    assert len(critical) == 1
+    assert "refuses requests" in critical[0]["text"]
+    assert "$0.120000 of $0.130000" in critical[0]["text"]
+    assert critical[0]["ncap"]["spent_usd"] == pytest.approx(0.12)

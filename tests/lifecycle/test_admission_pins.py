@@ -272,8 +272,8 @@ async def test_a_gemini_primary_refuses_the_legacy_endpoint_word_for_word(tmp_pa
     with pytest.raises(InvalidValue) as info:
         await _legacy(h)
     assert info.value.message == (
-        "This model's route is a Gemini route, which serves /v1/chat/completions only, not the "
-        "legacy /v1/completions."
+        "This model's route is a Gemini route, which serves /v1/chat/completions only, not "
+        "the legacy /v1/completions."
     )
     assert info.value.param == "model"
 

@@ -15,6 +15,7 @@ from ncap.lifecycle.failures import (
     client_error,
     ledger_outcome,
     reported_usage,
+    retryable,
     stream_cut,
 )
 from ncap.protocol.responses import SummaryUsage, Usage
@@ -23,10 +24,20 @@ from ncap.providers.openai import openai_failure
 
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
 BAD = UpstreamErrorDetail("Invalid 'messages'", code="invalid_value", param="messages")
+REFUSED_N = UpstreamErrorDetail("at most 1", code="route_does_not_support_candidates", param="n")
+MISCONFIGURED = UpstreamErrorDetail("model not found", code="route_misconfigured")
 
 CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
     # failure, class, ledger outcome, client status, client code
     (AttemptFailed("timeout"), "timeout", "timeout", 504, "upstream_timeout"),
+    # a provider that cancelled its own work at the timeout and counted it (local engine)
+    (
+        AttemptFailed("timeout", usage=Usage(3, 5, 8), cancelled=True),
+        "cancelled",
+        "cancelled",
+        504,
+        "upstream_timeout",
+    ),
     (AttemptFailed("connection", dispatched=False), "refused", "rejected", 502, "upstream_error"),
     (AttemptFailed("connection"), "connection", "connection_error", 502, "upstream_error"),
     (AttemptFailed("protocol", 200), "unreadable", "upstream_error", 502, "upstream_error"),
@@ -42,8 +53,30 @@ CASES: list[tuple[AttemptFailed, str, str, int, str | None]] = [
     (AttemptFailed("status", 503), "overloaded", "rejected", 503, "server_is_overloaded"),
     (AttemptFailed("status", 400, error=BAD), "request_rejected", "rejected", 400, "invalid_value"),
     (AttemptFailed("status", 422), "request_rejected", "rejected", 502, "upstream_error"),
-    (AttemptFailed("status", 403), "other_4xx", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 403), "credential_refused", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 413), "other_4xx", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 408), "retry_4xx", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 529), "overloaded", "rejected", 503, "server_is_overloaded"),
+    (
+        AttemptFailed("status", 400, error=REFUSED_N),
+        "candidates_refused",
+        "rejected",
+        400,
+        "route_does_not_support_candidates",
+    ),
+    (
+        AttemptFailed("status", 404, error=MISCONFIGURED),
+        "route_misconfigured",
+        "rejected",
+        502,
+        "upstream_error",
+    ),
     (AttemptFailed("status", 500), "other_status", "upstream_error", 502, "upstream_error"),
+    (AttemptFailed("status", 204), "unexpected_status", "upstream_error", 502, "upstream_error"),
+    # a redirect is never followed; an answer past its bound is not read on
+    (AttemptFailed("status", 307), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("status", 301), "redirected", "rejected", 502, "upstream_error"),
+    (AttemptFailed("oversized", 200), "oversized", "upstream_error", 502, "upstream_error"),
 ]
 
 
@@ -82,7 +115,7 @@ def test_an_error_answer_on_an_unbilled_route_is_an_answer(
     assert classify(failure, unbilled_errors=True) == cls
     assert ledger_outcome(failure, unbilled_errors=True) == outcome
     # the client's error does not depend on the contract
-    shown, table = client_error(failure), TABLE[cls][1](failure)
+    shown, table = client_error(failure), TABLE[cls].client(failure)
     assert (shown.status, shown.code, shown.message) == (table.status, table.code, table.message)
 
 
@@ -128,7 +161,7 @@ def test_openai_failure_reads_the_envelope_once() -> None:
     )
     failure = openai_failure(429, {"retry-after-ms": "250", "x-request-id": "up-9"}, payload)
     assert failure.error == UpstreamErrorDetail("slow", code="rate_limit_exceeded")
-    assert (failure.retry_after, failure.provider_request_id, failure.retryable) == (
+    assert (failure.retry_after, failure.provider_request_id, retryable(failure)) == (
         0.25,
         "up-9",
         True,
@@ -176,3 +209,12 @@ def test_a_refusal_that_reported_usage_hands_it_over_as_is() -> None:
 )
 def test_no_other_failure_reports_usage(failure: AttemptFailed) -> None:
     assert reported_usage(failure) is None
+
+
+def test_a_timeout_the_provider_cancelled_hands_over_what_it_counted() -> None:
+    cancelled = AttemptFailed("timeout", usage=BLOCKED_USAGE, cancelled=True)
+    assert ledger_outcome(cancelled) == "cancelled"
+    assert reported_usage(cancelled) == SummaryUsage(
+        prompt_tokens=12, completion_tokens=0, total_tokens=12
+    )
+    assert ledger_outcome(AttemptFailed("timeout", cancelled=True)) == "timeout"  # no count

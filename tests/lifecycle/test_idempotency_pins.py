@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 import ncap.lifecycle.idempotency as idem
-from ncap.config import Route
+from ncap.config import parse_route
 from ncap.errors import (
     IdempotencyKeyMismatch,
     IdempotencyKeyReused,
@@ -280,7 +280,7 @@ def _hook(
 def _request(
     raw: bytes = RAW, *, request_id: str = "req-2", stream: bool = False
 ) -> idem.IdempotentRequest:
-    primary = RouteRuntime("a", Route.model_validate(route()), ScriptedProvider([]))
+    primary = RouteRuntime("a", parse_route(route()), ScriptedProvider([]))
     return idem.IdempotentRequest("k", raw, CALLER, request_id, "m", primary, stream, None)
 
 

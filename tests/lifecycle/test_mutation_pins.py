@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from ncap.config import Route
+from ncap.config import parse_route
 from ncap.domain.reservation import Reservation
 from ncap.errors import (
     InvalidRequest,
@@ -52,7 +52,13 @@ EXACT: list[tuple[AttemptFailed, type, str, float | None]] = [
      1.5),
     (AttemptFailed("status", 404), UpstreamError,
      "The upstream rejected the request (status 404).", None),
-    (AttemptFailed("status", 403), UpstreamError, "The upstream answered with status 403.", None),
+    (AttemptFailed("status", 413), UpstreamError, "The upstream answered with status 413.", None),
+    (
+        AttemptFailed("status", 403),
+        UpstreamError,
+        "The upstream provider refused the gateway's credential for this route.",
+        None,
+    ),
     (AttemptFailed("timeout"), UpstreamError, "The upstream did not answer in time.", None),
     (AttemptFailed("connection"), UpstreamError, "The upstream failed to answer.", None),
 ]  # fmt: skip
@@ -183,7 +189,7 @@ def test_the_backoff_doubles_with_jitter_and_retry_after_wins_up_to_a_minute(
         return 0.8
 
     monkeypatch.setattr(attempts.random, "uniform", uniform)
-    rt = Route.model_validate(route(backoff_s=0.5))
+    rt = parse_route(route(backoff_s=0.5))
     plain = AttemptFailed("status", 500)
     assert [attempts._delay(rt, i, plain) for i in (1, 2, 3, 4)] == [0.4, 0.8, 1.6, 3.2]
     assert calls == [(0.75, 1.25)] * 4
@@ -289,7 +295,7 @@ async def test_nothing_after_done_is_relayed(tmp_path: Path) -> None:
 
 def _rt(**kw: Any) -> RouteRuntime:
     fields: dict[str, Any] = {"provider": "openai", "base_url": "http://scripted.invalid/v1"}
-    return RouteRuntime("r", Route.model_validate(fields | kw), ScriptedProvider([]))
+    return RouteRuntime("r", parse_route(fields | kw), ScriptedProvider([]))
 
 
 BODY: dict[str, Any] = {"model": "m", "messages": [], "seed": 7, "user": "u", "logit_bias": {}}

@@ -9,23 +9,22 @@ from typing import Any
 import msgspec
 import pytest
 
-from ncap.errors import InvalidValue, RouteDoesNotSupportCandidates
+from ncap.errors import InvalidRequest, RouteDoesNotSupportCandidates
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, chat_body
 from tests.lifecycle.harness import CALLER, harness, route
 
 
 def _refusal() -> Fail:
-    """A provider's refusal of n > 1: not retried, but the route's limit, not the
-    request's fault (what ``providers.gemini`` raises for Gemini's 400)."""
+    """A provider's refusal of n > 1 (what ``providers.gemini`` reports for Gemini's
+    400): the table says not retried, but the route's limit, not the request's fault."""
     return Fail(
         AttemptFailed(
             "status",
             400,
-            error=UpstreamErrorDetail("refused", code="route_does_not_support_candidates"),
-            client=RouteDoesNotSupportCandidates("it accepts at most 1", param="n"),
-            retry=False,
-            client_fault=False,
+            error=UpstreamErrorDetail(
+                "it accepts at most 1", code="route_does_not_support_candidates", param="n"
+            ),
             max_candidates=1,
         )
     )
@@ -34,11 +33,7 @@ def _refusal() -> Fail:
 def _client_fault() -> Fail:
     return Fail(
         AttemptFailed(
-            "status",
-            400,
-            client=InvalidValue("Upstream: bad schema", param="response_format"),
-            retry=False,
-            client_fault=True,
+            "status", 400, error=UpstreamErrorDetail("bad schema", param="response_format")
         )
     )
 
@@ -87,9 +82,9 @@ async def test_a_client_fault_neither_retries_nor_falls_back(tmp_path: Path) -> 
         tmp_path,
         {"a": (route(), ScriptedProvider([_client_fault()])), "b": (route(), fallback)},
     )
-    with pytest.raises(InvalidValue) as info:
+    with pytest.raises(InvalidRequest) as info:
         await h.chat()
-    assert info.value.param == "response_format"
+    assert (info.value.param, info.value.message) == ("response_format", "Upstream: bad schema")
     assert fallback.sent == []
     assert [r.attempt for r in await h.rows()] == [1]
 

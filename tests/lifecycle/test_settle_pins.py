@@ -118,7 +118,11 @@ async def test_observers_are_told_of_a_denial_with_its_plan(tmp_path: Path) -> N
         await h.chat("req-2")
     plan, attempt, final, outcome = observer.seen[-1]
     assert (plan.request_id, attempt, outcome) == ("req-2", None, "denied")
-    assert final == {"state": "denied", "policy_reason": "rate_limit_exceeded"}
+    assert final == {
+        "state": "denied",
+        "policy_reason": "rate_limit_exceeded",
+        "denied_by": "requests_minute",  # which window refused (the budget alerts read it)
+    }
 
 
 async def test_an_observers_bug_is_logged_and_the_settlement_stands(
@@ -328,7 +332,7 @@ async def test_a_streams_per_choice_counts_reach_the_row(tmp_path: Path) -> None
             "status=400 reason=request_rejected outcome=rejected",
             logging.INFO,
         ),
-        (AttemptFailed("status", 403), "status=403 reason=other_4xx", logging.INFO),
+        (AttemptFailed("status", 413), "status=413 reason=other_4xx", logging.INFO),
         (AttemptFailed("status", 500), "status=500 reason=other_status", logging.WARNING),
         (AttemptFailed("timeout"), "status=- reason=timeout", logging.WARNING),
     ],

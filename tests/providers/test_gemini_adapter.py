@@ -13,8 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from ncap.config import Route
-from ncap.errors import InvalidValue, RouteDoesNotSupportCandidates
+from ncap.config import GeminiRoute
+from ncap.errors import InvalidRequest, InvalidValue, RouteDoesNotSupportCandidates
+from ncap.lifecycle.failures import client_error, may_fall_back, retryable
 from ncap.providers import transport
 from ncap.providers.base import AttemptFailed
 from ncap.providers.gemini import DEFAULT_BASE_URL, GeminiProvider
@@ -61,7 +62,7 @@ async def _upstream(
 
 
 def _provider(base_url: str | None, model: str = "gemini-2.5-flash") -> GeminiProvider:
-    route = Route(
+    route = GeminiRoute(
         provider="gemini", base_url=base_url, upstream_model=model, api_key_env="NCAP_T_GKEY"
     )
     return GeminiProvider(route, route_id="g")
@@ -191,8 +192,9 @@ async def test_a_prompt_blocked_at_the_first_event_fails_the_attempt() -> None:
                     pass
         await provider.aclose()
     failure = info.value
-    assert not failure.partial and failure.client_fault is True
-    assert isinstance(failure.client, InvalidValue) and failure.client.code == "content_filter"
+    assert not failure.partial and not may_fall_back(failure)  # the request's own fault
+    client = client_error(failure)
+    assert isinstance(client, InvalidRequest) and client.code == "content_filter"
     assert failure.usage is not None and failure.usage.prompt_tokens == 5
 
 
@@ -211,7 +213,7 @@ async def test_an_error_event_after_content_is_a_cut_of_a_relayed_stream() -> No
                 async for event in events:
                     relayed.append(event)
         await provider.aclose()
-    assert relayed and info.value.partial and not info.value.retryable
+    assert relayed and info.value.partial and not retryable(info.value)
 
 
 async def test_a_candidates_refusal_may_fall_back() -> None:
@@ -232,9 +234,10 @@ async def test_a_candidates_refusal_may_fall_back() -> None:
             await provider.complete({**BODY, "n": 2}, timeout=5)
         await provider.aclose()
     failure = info.value
-    assert (failure.retryable, failure.client_fault, failure.max_candidates) == (False, False, 1)
-    assert isinstance(failure.client, RouteDoesNotSupportCandidates)
-    assert failure.client.param == "n"
+    assert (retryable(failure), may_fall_back(failure), failure.max_candidates) == (False, True, 1)
+    client = client_error(failure)
+    assert isinstance(client, RouteDoesNotSupportCandidates)
+    assert client.param == "n"
 
 
 async def test_legacy_completions_are_refused_before_sending() -> None:

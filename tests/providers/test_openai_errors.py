@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from ncap.config import Route
+from ncap.config import OpenAIRoute
+from ncap.lifecycle.failures import retryable
 from ncap.providers.base import AttemptFailed
 from ncap.providers.openai import OpenAIProvider
 from ncap.streaming import sse
@@ -83,7 +84,7 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 @pytest.fixture
 async def provider(upstream: Upstream) -> AsyncIterator[OpenAIProvider]:
-    p = OpenAIProvider(Route(provider="openai", base_url=upstream.url), route_id="r")
+    p = OpenAIProvider(OpenAIRoute(provider="openai", base_url=upstream.url), route_id="r")
     yield p
     await p.aclose()
 
@@ -117,7 +118,11 @@ async def test_status_and_body_shape_normalize(
 ) -> None:
     upstream.handler = _answer(status, BODIES[shape], {})
     failure = await (_stream_failure if stream else _complete_failure)(provider)
-    assert (failure.kind, failure.status, failure.retryable) == ("status", status, STATUSES[status])
+    assert (failure.kind, failure.status, retryable(failure)) == (
+        "status",
+        status,
+        STATUSES[status],
+    )
     assert failure.provider_request_id == RID
     assert failure.retry_after is None
     assert (failure.partial, failure.dispatched) == (False, True)
@@ -137,7 +142,7 @@ async def test_retry_after_forms(
     headers, expected = RETRY_AFTER[form]
     upstream.handler = _answer(status, ENVELOPE, headers)
     failure = await _complete_failure(provider)
-    assert (failure.status, failure.retry_after, failure.retryable) == (status, expected, True)
+    assert (failure.status, failure.retry_after, retryable(failure)) == (status, expected, True)
 
 
 async def test_an_error_body_is_read_only_up_to_its_bound(
@@ -156,7 +161,7 @@ async def test_a_200_that_is_not_a_completion_is_a_protocol_failure(
     upstream.handler = _answer(200, b"<html>oops</html>", {})
     failure = await _complete_failure(provider)
     assert (failure.kind, failure.status, failure.provider_request_id) == ("protocol", 200, RID)
-    assert not failure.retryable
+    assert not retryable(failure)
 
 
 def _cut_body(first: bytes, declared: int) -> Handler:
@@ -180,7 +185,7 @@ async def test_a_body_cut_mid_way_keeps_the_request_id(
     upstream.handler = _cut_body(b'{"id":"chatcmpl-1","choices":[', 500)
     failure = await _complete_failure(provider)
     assert (failure.kind, failure.provider_request_id) == ("connection", RID)
-    assert failure.partial and not failure.retryable  # it may have been generated and billed
+    assert failure.partial and not retryable(failure)  # it may have been generated and billed
 
 
 def _sse(text: bytes, *, chunk: int = 0) -> Handler:

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -34,7 +35,12 @@ class Dashboard:
 @contextmanager
 def dashboard_gateway(tmp: Path, rows: int = 4000) -> Iterator[Dashboard]:
     ledger = tmp / "ledger.db"
-    spec = LedgerSpec(rows=rows, seed=5, rename={"support-draft": CANARY})
+    # rows over the days up to the end of today: the default 24 h window holds a day of
+    # them at any hour (ending at the current hour, late in the UTC day it held minutes)
+    end = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    spec = LedgerSpec(
+        rows=rows, seed=5, end=end + timedelta(days=1), rename={"support-draft": CANARY}
+    )
     generate_ledger(ledger, spec)
     raw = synthetic_config(spec, ledger)
     raw["routes"].pop("local-smollm2")  # no model to load: the dashboard only reads

@@ -30,6 +30,7 @@ EXPORTED = {
     "render_html",
     "render_json",
     "render_tables",
+    "render_tsv",
     "report_dict",
     "since_window",
     "source_from_url",

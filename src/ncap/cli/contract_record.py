@@ -32,6 +32,7 @@ _PROBED = (
     "max_candidates",
     "output_cap",
     "stream_usage",
+    "prompt_cache",
     "verified_at",
     "fingerprint",
 )

@@ -86,11 +86,12 @@ def serve(
 def _route_settings(config: Path | None, route_id: str) -> EngineSettings:
     """The engine settings of a ``provider: local`` route of the config file."""
     from ncap.cli._load import load_or_exit
+    from ncap.config import LocalRoute
     from ncap.providers.local import settings_from_route
 
     cfg = load_or_exit(config)
     route = cfg.routes.get(route_id)
-    if route is None or route.provider != "local":
+    if not isinstance(route, LocalRoute):
         err.print(f"[red]error[/red] no local route {route_id!r} in the config")
         raise typer.Exit(2)
     return settings_from_route(route)

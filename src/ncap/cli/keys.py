@@ -12,6 +12,7 @@ keeps working, now with a key.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import secrets
@@ -27,6 +28,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from ncap.config import Config, parse_config
+from ncap.domain.grants import GrantChanges, key_id
 from ncap.errors import ConfigError
 
 __all__ = ["keys_app"]
@@ -156,9 +158,12 @@ def create(
 
 @keys_app.command("list")
 def list_keys(config: ConfigOpt = None) -> None:
-    """The configured keys: label, workload, environment, hash prefix, creation date."""
+    """The keys in force: the file's and the admin API's (in the config's ledger), less
+    those revoked through the admin API: label, workload, environment, hash prefix (the
+    admin API's key id), creation date, source."""
     path = config or Path("ncap.yaml")
     keys = _keys(_read(path)) if path.exists() else []
+    changes = _admin_changes(path)
     rows = [
         (
             str(_get(k, "label") or ""),
@@ -166,10 +171,23 @@ def list_keys(config: ConfigOpt = None) -> None:
             str(_get(k, "environment") or "production"),
             str(_get(k, "hash") or "")[:19],
             str(_get(k, "created") or ""),
+            "config",
         )
         for k in keys
+        if str(_get(k, "hash") or "")[:19] not in changes.revoked_keys
     ]
-    header = ("label", "workload", "environment", "hash", "created")
+    rows += [
+        (
+            k.label or "",
+            k.workload,
+            k.environment,
+            key_id(k),
+            k.created.isoformat() if k.created else "",
+            "admin",
+        )
+        for k in changes.keys
+    ]
+    header = ("label", "workload", "environment", "hash", "created", "source")
     if sys.stdout.isatty():
         table = Table(*header)
         for row in rows:
@@ -186,7 +204,9 @@ def revoke(
     key: Annotated[str, typer.Argument(help="The key's label, or a prefix of its hash")],
     config: ConfigOpt = None,
 ) -> None:
-    """Remove one key from the file; requests with it get 401 once the gateway restarts."""
+    """Remove one key from the file (requests with it get 401 once the gateway restarts),
+    or revoke one the admin API made (in the ledger's admin tables: running gateways
+    apply it within ``stores.admin_refresh_s``, as a revocation through the API)."""
     path = config or Path("ncap.yaml")
     if not path.exists():
         raise ConfigError(f"{path}: no such file (pass --config FILE)")
@@ -194,7 +214,8 @@ def revoke(
     keys = _keys(doc)
     matches = [i for i, k in enumerate(keys) if _matches(k, key)]
     if not matches:
-        raise ConfigError(f"{path}: no key labelled {key!r} or with a hash starting so")
+        _revoke_admin_key(path, key)
+        return
     if len(matches) > 1:
         raise ConfigError(f"{path}: {len(matches)} keys match {key!r}; give a longer prefix")
     removed = keys.pop(matches[0])
@@ -202,6 +223,78 @@ def revoke(
     name = _get(removed, "label") or str(_get(removed, "hash"))[:19]
     err.print(
         f"revoked {name} (workload {_get(removed, 'workload')}); restart the gateway to apply",
+        highlight=False,
+    )
+
+
+def _ledger_url(path: Path) -> tuple[str, Path | None] | None:
+    """The config's ledger URL and SQLite file, when it has admin tables to read."""
+    if not path.exists():
+        return None
+    try:
+        url = parse_config(path.read_text(), source=str(path)).stores.ledger
+    except ConfigError:
+        return None  # `keys list` of a file being repaired still lists its keys
+    if url.startswith("sqlite://"):
+        from ncap.stores import sqlite_target
+
+        file = sqlite_target(url)[0]
+        return (url, file) if file.exists() else None
+    if url.startswith(("postgresql://", "postgres://")):
+        return url, None
+    return None  # memory://: the admin API's changes live in the gateway only
+
+
+def _admin_changes(path: Path) -> GrantChanges:
+    """What the admin API created and revoked, from the config's ledger (nothing when
+    the ledger has no admin tables or cannot be reached: said on stderr)."""
+    target = _ledger_url(path)
+    if target is None:
+        return GrantChanges()
+    from ncap.stores.admin import admin_store_for_ledger
+
+    async def read() -> GrantChanges:
+        store = admin_store_for_ledger(*target)
+        try:
+            return await store.changes()
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(read())
+    except Exception as exc:  # a store that is down: the file's keys are still listed
+        err.print(f"admin-made keys not read ({type(exc).__name__}: {exc})", highlight=False)
+        return GrantChanges()
+
+
+def _revoke_admin_key(path: Path, wanted: str) -> None:
+    changes = _admin_changes(path)
+    found = [k for k in changes.keys if _matches(k.model_dump(), wanted)]
+    if not found:
+        raise ConfigError(
+            f"{path}: no key labelled {wanted!r} or with a hash starting so"
+            " (in the file or among the admin API's keys)"
+        )
+    if len(found) > 1:
+        raise ConfigError(f"{len(found)} admin-made keys match {wanted!r}; give a longer prefix")
+    target = _ledger_url(path)
+    assert target is not None  # keys were read from it
+    from ncap.stores.admin import AdminChange, admin_store_for_ledger
+
+    entry = found[0]
+
+    async def record() -> None:
+        store = admin_store_for_ledger(*target)
+        try:
+            change = AdminChange("ncap keys revoke", "revoke", "key", key_id(entry))
+            await store.record(change, datetime.now(UTC))
+        finally:
+            await store.close()
+
+    asyncio.run(record())
+    err.print(
+        f"revoked {entry.label or key_id(entry)} (workload {entry.workload}, made through the "
+        "admin API); running gateways apply it within stores.admin_refresh_s",
         highlight=False,
     )
 

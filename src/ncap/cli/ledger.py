@@ -31,6 +31,7 @@ from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.domain.money import micros_from_usd
 from ncap.errors import ConfigError
 from ncap.stores import budgets_from_url, hold_id_for, ledger_from_url
+from ncap.stores.sqlite_ledger import SQLiteLedgerStore, export_rows
 
 __all__ = ["ledger_app", "parse_reconciliation", "reconcile_app"]
 
@@ -53,6 +54,7 @@ def export(
     until: Annotated[str | None, typer.Option(help="Before this instant (same forms)")] = None,
     format: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
     config: ConfigOpt = None,
+    by_event: Annotated[bool, typer.Option("--by-event", hidden=True)] = False,
 ) -> None:
     """Write ledger events (oldest first) to standard output.
 
@@ -67,13 +69,28 @@ def export(
     if start and end and end <= start:
         raise typer.BadParameter("must be later than --since", param_hint="--until")
     cfg = _load(config)
-    asyncio.run(_export(cfg, start, end, format, sys.stdout))
+    asyncio.run(_export(cfg, start, end, format, sys.stdout, by_event=by_event))
 
 
 async def _export(
-    cfg: Config, since: datetime | None, until: datetime | None, fmt: str, out: Any
+    cfg: Config,
+    since: datetime | None,
+    until: datetime | None,
+    fmt: str,
+    out: Any,
+    *,
+    by_event: bool = False,
 ) -> None:
-    ledger = ledger_from_url(cfg.stores.ledger)
+    """A SQLite ledger streams its raw rows (``stream_rows``); any other ledger, or
+    ``--by-event`` (the benchmark's comparison), goes event by event."""
+    ledger = ledger_from_url(cfg.stores.ledger)  # opening it migrates an older file
+    if isinstance(ledger, SQLiteLedgerStore) and not by_event:
+        await ledger.close()
+        if fmt == "csv":
+            write_csv(export_rows(ledger.path, since, until, select=CSV_SELECT), out)
+        else:
+            write_jsonl(export_rows(ledger.path, since, until), out)
+        return
     try:
         writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS)) if fmt == "csv" else None
         if writer:
@@ -85,6 +102,21 @@ async def _export(
                 out.write(json.dumps(_plain(event)) + "\n")
     finally:
         await ledger.close()
+
+
+def write_csv(rows: Iterable[tuple[Any, ...]], out: Any) -> None:
+    """Rows already in CSV cells (``CSV_SELECT``), written by ``csv.writer`` in C: None is
+    an empty cell, a number its digits, as the event path writes them."""
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    writer.writerows(rows)
+
+
+def write_jsonl(rows: Iterable[tuple[Any, ...]], out: Any) -> None:
+    """Raw rows as the event path's JSON lines, byte for byte, without an event each."""
+    encode = json.JSONEncoder().encode
+    for row in rows:
+        out.write(encode(_json_values(row)) + "\n")
 
 
 def _plain(event: LedgerEvent) -> dict[str, Any]:
@@ -111,6 +143,72 @@ def _csv_columns() -> tuple[str, ...]:
 
 
 CSV_COLUMNS = _csv_columns()
+
+
+_AT = {name: i for i, name in enumerate(LEDGER_COLUMNS)}
+_TS, _FINISH, _STREAM, _PER_CHOICE = (
+    _AT["timestamp"],
+    _AT["finish_reasons"],
+    _AT["stream_mode"],
+    _AT["output_tokens_per_choice"],
+)
+
+
+def _iso(stamp: str) -> str:
+    """``2026-11-10T01:00:00.000000Z`` as ``datetime.isoformat()`` writes it."""
+    if len(stamp) == 27 and stamp[-1] == "Z":
+        micros = stamp[19:26]
+        return f"{stamp[:19]}{'' if micros == '.000000' else micros}+00:00"
+    return datetime.fromisoformat(stamp).isoformat()
+
+
+def _csv_select() -> str:
+    """``CSV_COLUMNS`` as SQLite expressions over a stored row, so that SQLite hands the
+    cursor finished cells: the timestamp as ``isoformat()`` writes it (the store keeps
+    fixed-width ``…ffffffZ`` text), USD beside micro-USD, one count per finish reason,
+    ``true``/``false``, per-choice tokens space-separated."""
+    usd = (
+        "CASE WHEN {c} IS NULL THEN NULL WHEN {c} < 0 "
+        "THEN printf('-%d.%06d', -{c} / 1000000, -{c} % 1000000) "
+        "ELSE printf('%d.%06d', {c} / 1000000, {c} % 1000000) END"
+    )
+    known = ", ".join(f"'{r}'" for r in FINISH_REASONS)
+    out: list[str] = []
+    for name in LEDGER_COLUMNS:
+        if name == "timestamp":
+            out.append(
+                "CASE WHEN substr(timestamp, 20, 7) = '.000000' "
+                "THEN substr(timestamp, 1, 19) || '+00:00' "
+                "ELSE substr(timestamp, 1, 26) || '+00:00' END"
+            )
+        elif name == "finish_reasons":
+            out += [f"COALESCE(json_extract(finish_reasons, '$.{r}'), 0)" for r in FINISH_REASONS]
+            out.append(
+                "COALESCE((SELECT SUM(value) FROM json_each(finish_reasons)"
+                f" WHERE key NOT IN ({known})), 0)"
+            )
+        elif name == "stream_mode":
+            out.append("CASE WHEN stream_mode THEN 'true' ELSE 'false' END")
+        elif name == "output_tokens_per_choice":
+            out.append("replace(output_tokens_per_choice, ',', ' ')")
+        else:
+            out.append(name)
+        if name in _USD_OF:
+            out.append(usd.format(c=name))
+    return ", ".join(out)
+
+
+CSV_SELECT = _csv_select()
+
+
+def _json_values(raw: tuple[Any, ...]) -> dict[str, Any]:
+    row = list(raw)
+    row[_TS] = _iso(row[_TS])
+    row[_FINISH] = json.loads(row[_FINISH]) if row[_FINISH] else {}
+    row[_STREAM] = bool(row[_STREAM])
+    choices = row[_PER_CHOICE]
+    row[_PER_CHOICE] = [int(t) for t in choices.split(",")] if choices else None
+    return dict(zip(LEDGER_COLUMNS, row, strict=True))
 
 
 def csv_row(event: LedgerEvent) -> dict[str, str]:
@@ -245,7 +343,7 @@ def import_file(
 
 def _needs_attention(summary: dict[str, Any], total: int) -> bool:
     flagged = summary["conflicts"] or summary["ambiguous"] or summary["unpriced"]
-    return bool(flagged) or (total > 0 and len(summary["unmatched"]) == total)
+    return bool(flagged) or len(summary["unmatched"]) == total  # an empty file too
 
 
 def _attention(summary: dict[str, Any], total: int) -> list[str]:
@@ -258,7 +356,9 @@ def _attention(summary: dict[str, Any], total: int) -> list[str]:
             t=total,
         )
     ]
-    if total and len(summary["unmatched"]) == total:
+    if total == 0:
+        out.append("error: the file has no rows: nothing was imported (is it the right file?)")
+    elif len(summary["unmatched"]) == total:
         out.append(
             "error: no row matched a ledger event: is this the right ledger (--config), "
             "and is provider_request_id the provider's id (x-request-id of its answer)?"

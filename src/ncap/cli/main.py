@@ -14,16 +14,17 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from typer.core import TyperGroup
 
 from ncap.cli._load import load_or_exit
 from ncap.cli.keys import keys_app
-from ncap.config import Config, resolved, warnings_for
+from ncap.config import Config, Server, resolved, warnings_for
 from ncap.errors import NcapError
 
 __all__ = ["app", "main"]
@@ -49,6 +50,8 @@ class _Group(TyperGroup):
         except NcapError as exc:
             _print_problems(exc)
             raise typer.Exit(2) from None
+        except BrokenPipeError:
+            _reader_left()
         except OSError as exc:
             _print_os_error(exc)
             raise typer.Exit(2) from None
@@ -79,6 +82,7 @@ def serve(
     from aiohttp import web
 
     from ncap.cli.workers import refuse_unshared, supervise
+    from ncap.errors import ConfigError
     from ncap.http.app import create_app
 
     cfg = load_or_exit(config)
@@ -87,9 +91,7 @@ def serve(
     if refusal is not None:
         err.print(f"[red]refusing to start[/red]: {refusal}", highlight=False)
         raise typer.Exit(2)
-    server = cfg.server.model_copy(
-        update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
-    )
+    server = _server(cfg, host, port)
     cfg = cfg.model_copy(update={"server": server})
     if not server.is_loopback and not cfg.keys:
         err.print(
@@ -108,17 +110,35 @@ def serve(
         from ncap.http.signals import log_access_to_stdout
 
         log_access_to_stdout()
-    err.print(f"ncap listening on http://{server.host}:{server.port}", highlight=False)
-    gateway = create_app(cfg, instance_id=instance_id)
+    try:
+        gateway = create_app(cfg, instance_id=instance_id)
+    except ConfigError as exc:
+        err.print(f"[red]refusing to start[/red]: {exc}", highlight=False)
+        raise typer.Exit(2) from None
     gateway.on_startup.append(_settle_the_heap)
+    where = f"http://{server.host}:{server.port}"
     web.run_app(
         gateway,
         host=server.host,
         port=server.port,
         access_log=None,
-        print=None,
+        # called once the socket is bound: a busy port fails before saying it listens
+        print=lambda _text: err.print(f"ncap listening on {where}", highlight=False),
         reuse_port=reuse_port or None,
     )
+
+
+def _server(cfg: Config, host: str | None, port: int | None) -> Server:
+    """The config's server section with ``--host``/``--port`` applied and checked by
+    the same rules as the config (a port above 65535 is refused, not wrapped)."""
+    changes = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    try:
+        return Server.model_validate(cfg.server.model_dump() | changes)
+    except ValidationError as exc:
+        for problem in exc.errors():
+            where = "--" + ".".join(str(part) for part in problem["loc"])
+            err.print(f"[red]error[/red] {where}: {problem['msg']}", highlight=False)
+        raise typer.Exit(2) from None
 
 
 def _lean_logging() -> None:
@@ -277,6 +297,11 @@ def main() -> None:
     except NcapError as exc:  # raised outside a command (e.g. while mounting)
         _print_problems(exc)
         sys.exit(2)
+    except BrokenPipeError:
+        try:
+            _reader_left()
+        except typer.Exit:
+            sys.exit(0)
     except OSError as exc:
         _print_os_error(exc)
         sys.exit(2)
@@ -291,6 +316,20 @@ def main() -> None:
             highlight=False,
         )
         sys.exit(1)
+
+
+def _reader_left() -> NoReturn:
+    """The reader of stdout closed it (``ncap ledger export | head -1``): it has what it
+    wanted, so stop quietly with status 0 rather than report an error nobody made.
+    Python would flush stdout again at exit and fail the same way: point it at
+    /dev/null first."""
+    try:
+        fileno = sys.stdout.fileno()
+    except (OSError, ValueError):  # a test runner's captured stdout: nothing to redirect
+        raise typer.Exit(0) from None
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fileno)
+    raise typer.Exit(0)
 
 
 def _print_problems(exc: NcapError) -> None:

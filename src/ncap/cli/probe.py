@@ -3,10 +3,13 @@
 Two requests go through the route's own provider (so through the Gemini translator on a
 ``gemini`` route, exactly as the gateway would send them): ``n`` = 2 whole, then
 streamed with ``include_usage`` (``n`` = 1 when the first was refused, so that the stream
-still tells whether usage arrives). ``ncap.domain.probe`` derives the contract record
-from the two answers; it is written into the config file (``cli/contract_record.py``)
-when there is one, and printed either way. Nothing is sent for a route the config does
-not name, and an inconclusive probe (429, 5xx, a refused credential) writes nothing.
+still tells whether usage arrives; ``n`` = 1 both times on a provider without ``n``,
+recorded as ``emulate``). On a provider that caches prompts, one long prompt is sent
+twice more: cached tokens on the repeat record ``prompt_cache``. ``ncap.domain.probe``
+derives the contract record from the answers; it is written into the config file
+(``cli/contract_record.py``) when there is one, and printed either way. Nothing is
+sent for a route the config does not name, and an inconclusive probe (429, 5xx, a
+refused credential) writes nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from ncap.domain.probe import (
     ProbeFindings,
     ProbeReply,
     StreamReply,
+    cache_probe_request,
     derive_contract,
+    derive_emulated_contract,
     probe_requests,
 )
 from ncap.errors import ConfigError, NcapError
 from ncap.lifecycle.failures import client_error
-from ncap.providers import provider_for
+from ncap.providers import capabilities_of, provider_for
 from ncap.providers.base import AttemptFailed, Provider
 
 __all__ = ["print_findings", "probe_route", "record_findings"]
@@ -42,7 +47,11 @@ PROBE_CEILING = 16
 
 
 async def probe_route(config: Config, route_id: str) -> ProbeFindings:
-    """Send the probe's two requests through ``route_id``'s provider; derive its record.
+    """Send the probe's requests through ``route_id``'s provider; derive its record.
+
+    A provider without ``n`` (its capabilities say so) is probed with one candidate and
+    recorded as ``emulate``. A provider that caches prompts is sent one long prompt
+    twice: cached tokens on the repeat record ``prompt_cache: true``.
 
     Raises ``ConfigError`` for a route that is not configured (nothing is sent) and
     ``ProbeInconclusive`` when the answers prove nothing."""
@@ -50,30 +59,53 @@ async def probe_route(config: Config, route_id: str) -> ProbeFindings:
     if route is None:
         known = ", ".join(sorted(config.routes)) or "none"
         raise ConfigError(f"route {route_id!r} is not configured (configured routes: {known})")
+    caps = capabilities_of(route.provider)
+    native = "native" in caps.candidates
     provider = provider_for(route, route_id=route_id)
     try:
         body, streamed = probe_requests(
-            route.upstream_model or route_id, n=PROBE_N, ceiling=PROBE_CEILING
+            route.upstream_model or route_id, n=PROBE_N if native else 1, ceiling=PROBE_CEILING
         )
+        if not native:
+            body, streamed = _one(body), _one(streamed)
         reply = await _whole(provider, route, body)
         if reply.status != 200 and _refused_n(reply.body):
             streamed = {k: v for k, v in streamed.items() if k != "n"}
         stream = await _stream(provider, route, streamed)
+        cached = caps.prompt_cache != "none" and await _caches(provider, route, caps.prompt_cache)
     finally:
         await provider.aclose()
-    return derive_contract(
-        reply,
-        stream,
-        requested_n=PROBE_N,
-        ceiling=PROBE_CEILING,
-        previous=route.contract,
-        fingerprint=Fingerprint(
+    common: dict[str, Any] = {
+        "previous": route.contract,
+        "fingerprint": Fingerprint(
             provider=route.provider,
             upstream_model=route.upstream_model,
             gateway_version=__version__,
         ),
-        now=datetime.now(UTC),
-    )
+        "now": datetime.now(UTC),
+        "prompt_cache": cached,
+    }
+    if not native:
+        return derive_emulated_contract(reply, stream, **common)
+    return derive_contract(reply, stream, requested_n=PROBE_N, ceiling=PROBE_CEILING, **common)
+
+
+def _one(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "n"}
+
+
+async def _caches(provider: Provider, route: Route, mode: str) -> bool:
+    """Whether a long prompt sent twice comes back cached the second time (marked with
+    a cache breakpoint where the provider caches only what is marked)."""
+    body = cache_probe_request(route.upstream_model or "", explicit=mode == "explicit")
+    for _ in range(2):
+        try:
+            result = await provider.complete(body, timeout=route.timeout_s)
+        except (AttemptFailed, NcapError):
+            return False
+    usage = result.summary.usage
+    details = usage.prompt_tokens_details if usage is not None else None
+    return bool(details is not None and details.cached_tokens)
 
 
 def record_findings(path: Path, route_id: str, findings: ProbeFindings) -> None:

@@ -30,10 +30,11 @@ from ncap.reports import (
     render_html,
     render_json,
     render_tables,
+    render_tsv,
     since_window,
     source_from_url,
 )
-from ncap.reports.admin_tables import with_admin_exceptions
+from ncap.reports.admin_tables import revoked_exceptions, with_admin_exceptions
 
 __all__ = ["audit", "generate", "report_app"]
 
@@ -44,8 +45,11 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML con
 LedgerOpt = Annotated[
     str | None, typer.Option("--ledger", help="Ledger URL instead of the config's stores.ledger")
 ]
-FormatOpt = Annotated[str, typer.Option("--format", help="table, json or html")]
-Format = Literal["table", "json", "html"]
+FormatOpt = Annotated[
+    str,
+    typer.Option("--format", help="table (tab-separated when not a terminal), tsv, json or html"),
+]
+Format = Literal["table", "tsv", "json", "html"]
 
 
 def _load(path: Path | None) -> Config:
@@ -55,8 +59,8 @@ def _load(path: Path | None) -> Config:
 
 
 def _format(value: str) -> Format:
-    if value not in ("table", "json", "html"):
-        raise typer.BadParameter("use table, json or html", param_hint="--format")
+    if value not in ("table", "tsv", "json", "html"):
+        raise typer.BadParameter("use table, tsv, json or html", param_hint="--format")
     return value  # type: ignore[return-value]
 
 
@@ -74,8 +78,23 @@ def audit(
         raise typer.BadParameter(str(exc), param_hint="--since") from None
     if length <= timedelta(0):
         raise typer.BadParameter("the window must be longer than zero", param_hint="--since")
+    window = _representable(lambda: since_window(length, utcnow()), "--since")
     cfg = _load(config)
-    _run(cfg, ledger, since_window(length, utcnow()), "audit", fmt)
+    _run(cfg, ledger, window, "audit", fmt)
+
+
+def _representable(make: Callable[[], Window], hint: str) -> Window:
+    """The window, refused as a bad parameter when it or the window before it (the
+    comparison) would start before year 1."""
+    try:
+        window = make()
+        window.previous()
+    except OverflowError:
+        raise typer.BadParameter(
+            "too far back: the window and the one before it must start after year 1",
+            param_hint=hint,
+        ) from None
+    return window
 
 
 @report_app.command("daily")
@@ -93,8 +112,9 @@ def daily(
         chosen = date.fromisoformat(day) if day else (utcnow() - timedelta(days=1)).date()
     except ValueError:
         raise typer.BadParameter("use YYYY-MM-DD", param_hint="--date") from None
+    window = _representable(lambda: day_window(chosen), "--date")
     cfg = _load(config)
-    _run(cfg, ledger, day_window(chosen), "daily", fmt)
+    _run(cfg, ledger, window, "daily", fmt)
 
 
 def _run(
@@ -112,6 +132,7 @@ def _run(
                 window,
                 kind=kind,
                 exceptions=with_admin_exceptions(source, cfg.exceptions),
+                revoked=revoked_exceptions(source),
                 pricing={rid: route.pricing for rid, route in cfg.routes.items()},
                 thresholds=cfg.reports.thresholds,
                 step=step,
@@ -147,6 +168,9 @@ def _emit(report: Report, fmt: Format) -> None:
         typer.echo(render_json(report))
     elif fmt == "html":
         typer.echo(render_html(report))
+    elif fmt == "tsv" or not sys.stdout.isatty():
+        # a pipe or a file gets every column whole (a terminal's 80 columns cut them)
+        typer.echo(render_tsv(report))
     else:
         render_tables(report, Console(highlight=False))
 
@@ -173,6 +197,9 @@ def generate(
     spec = LedgerSpec(rows=rows, days=days, seed=seed, shift_day=shift)
     if out.exists():
         err.print(f"[red]error[/red] {out} exists; choose a new file", highlight=False)
+        raise typer.Exit(2)
+    if not out.parent.is_dir():
+        err.print(f"[red]error[/red] no such directory: {out.parent}", highlight=False)
         raise typer.Exit(2)
     started = datetime.now()
     with Progress(console=err, disable=not sys.stdout.isatty(), transient=True) as progress:

@@ -183,6 +183,11 @@ def _budget_error(
 
 def _exhausted(message: str, resets: Buckets | None, refusal: Refusal) -> BudgetExhausted:
     hint = " Lower n or max_completion_tokens, or wait for the budget period to reset."
+    if refusal.limit == "exception":  # an exception's budget is for its whole life
+        hint = (
+            " An exception's budget covers its whole life and never resets: lower n or"
+            " max_completion_tokens, or ask the exception's owner for a new one."
+        )
     retry = resets.seconds_to_next_day() if resets else None
     return BudgetExhausted(message + hint, retry_after=retry, refusal=refusal)
 

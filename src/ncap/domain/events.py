@@ -59,6 +59,9 @@ AttemptOutcome = Literal[
     "stream_cut",  # a stream stopped early: client disconnect or upstream error mid-stream
     "rejected",  # the upstream refused with a 4xx before generating anything: not billed
     "timeout",  # no answer in time: the provider may still have generated and billed
+    # no answer in time from a provider that then stopped the work itself and counted
+    # what it had used (the local engine cancels its sequences): settled at that usage
+    "cancelled",
     "connection_error",  # the connection failed after the request was sent
     "upstream_error",  # 5xx or an unreadable body after dispatch: billing unknown
     # a well-formed error answer (5xx with an error envelope) from a route whose contract
@@ -161,9 +164,12 @@ def settle(
     Settled only with usage *and* exactly the effective number of choices. A stream
     without usage stays ``pending`` (held, not zero); any other doubt is
     ``usage_reconciliation_required``. A 4xx refusal, and an error answer the route's
-    contract calls unbilled, settle at zero: nothing ran.
+    contract calls unbilled, settle at zero: nothing ran. An attempt the provider
+    cancelled at its timeout settles at the usage it counted up to the cancel.
     """
     if outcome in ("rejected", "unbilled_error"):
+        return Settlement("settled", None)
+    if outcome == "cancelled" and usage_present:
         return Settlement("settled", None)
     usage_usable = usage_present and outcome in ("completed", "stream_cut")
     if usage_usable and returned_n == effective_n:

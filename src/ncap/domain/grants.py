@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
 from ncap.config import Config, ExceptionGrant, KeyEntry
@@ -33,6 +34,8 @@ class GrantChanges:
     keys: tuple[KeyEntry, ...] = ()
     revoked_exceptions: frozenset[str] = frozenset()
     revoked_keys: frozenset[str] = frozenset()
+    # the latest dashboard sign-out: every session signed in before it has ended
+    sessions_ended_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,7 @@ class _Snapshot:
     exceptions: tuple[ExceptionGrant, ...]
     keys: tuple[KeyEntry, ...]
     keys_required: bool
+    sessions_ended_at: datetime | None = None
 
 
 class Grants:
@@ -67,6 +71,11 @@ class Grants:
         the last key must not open the gateway to keyless requests."""
         return self._now.keys_required
 
+    @property
+    def sessions_ended_at(self) -> datetime | None:
+        """The latest dashboard sign-out (any gateway's): older sessions are over."""
+        return self._now.sessions_ended_at
+
     def exception(self, exception_id: str | None) -> ExceptionGrant | None:
         return next((e for e in self._now.exceptions if e.id == exception_id), None)
 
@@ -84,7 +93,7 @@ def _merge(config: Config, changes: GrantChanges) -> _Snapshot:
     )
     keys = _unique((*config.keys, *changes.keys), key_id, changes.revoked_keys)
     required = bool(config.keys or changes.keys or changes.revoked_keys)
-    return _Snapshot(tuple(exceptions), tuple(keys), required)
+    return _Snapshot(tuple(exceptions), tuple(keys), required, changes.sessions_ended_at)
 
 
 def _unique(entries: Iterable[T], ident: Callable[[T], str], revoked: frozenset[str]) -> list[T]:

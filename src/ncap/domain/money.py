@@ -56,15 +56,19 @@ class Prices:
     input: Decimal
     cached_input: Decimal
     output: Decimal
+    cache_write: Decimal | None = None  # None: the input price
 
     @classmethod
     def of(cls, pricing: Pricing) -> Prices:
-        """Cached tokens fall back to the input price when the route sets none."""
+        """Cached and cache-written tokens fall back to the input price when the route
+        sets none."""
         cached = pricing.cached_input_per_mtok
+        written = pricing.cache_write_input_per_mtok
         return cls(
             input=to_decimal(pricing.input_per_mtok),
             cached_input=to_decimal(cached if cached is not None else pricing.input_per_mtok),
             output=to_decimal(pricing.output_per_mtok),
+            cache_write=to_decimal(written) if written is not None else None,
         )
 
 
@@ -77,10 +81,12 @@ class _Scaled:
     cached_input: int
     output: int
     scale: int
+    cache_write: int
 
     @classmethod
     def of(cls, prices: Prices) -> _Scaled:
-        values = (prices.input, prices.cached_input, prices.output)
+        written = prices.cache_write if prices.cache_write is not None else prices.input
+        values = (prices.input, prices.cached_input, prices.output, written)
         digits = max(0, *(-_exponent(p) for p in values))
         scale = 10**digits
         return cls(
@@ -88,6 +94,7 @@ class _Scaled:
             cached_input=int(prices.cached_input * scale),
             output=int(prices.output * scale),
             scale=scale,
+            cache_write=int(written * scale),
         )
 
 
@@ -118,15 +125,24 @@ def cost_micros(
     cached_input_tokens: int,
     output_tokens: int,
     pricing: Pricing | Prices,
+    cache_written_tokens: int = 0,
 ) -> int:
     """Exact cost rounded up to a whole micro-USD.
 
-    ``input_tokens`` includes the cached ones (as OpenAI's ``prompt_tokens`` does);
-    cached tokens beyond the input count are treated as input, never as negative.
+    ``input_tokens`` includes the cached and the cache-written ones (as OpenAI's
+    ``prompt_tokens`` does); each is priced at its own rate, and counts beyond the input
+    are treated as input, never as negative.
     """
-    if min(input_tokens, cached_input_tokens, output_tokens) < 0:
+    if min(input_tokens, cached_input_tokens, output_tokens, cache_written_tokens) < 0:
         raise ValueError("token counts cannot be negative")
     p = _scaled(pricing)
     cached = min(cached_input_tokens, input_tokens)
-    exact = (input_tokens - cached) * p.input + cached * p.cached_input + output_tokens * p.output
+    written = min(cache_written_tokens, input_tokens - cached)
+    plain = input_tokens - cached - written
+    exact = (
+        plain * p.input
+        + cached * p.cached_input
+        + written * p.cache_write
+        + output_tokens * p.output
+    )
     return -(-exact // p.scale)  # rounded up: never below the exact price

@@ -31,17 +31,25 @@ from typing import Any, Literal
 from ncap.config import Contract, Fingerprint
 
 __all__ = [
+    "EMULATE_MAX_CANDIDATES",
     "CandidatesFinding",
     "ProbeFindings",
     "ProbeInconclusive",
     "ProbeReply",
     "StreamReply",
+    "cache_probe_request",
     "derive_contract",
+    "derive_emulated_contract",
     "probe_requests",
     "stated_maximum",
 ]
 
-CandidatesFinding = Literal["native", "ignored", "refused", "mismatched", "stream_mismatched"]
+CandidatesFinding = Literal[
+    "native", "ignored", "refused", "mismatched", "stream_mismatched", "no_native_n"
+]
+EMULATE_MAX_CANDIDATES = 8
+"""The fan-out width recorded for a provider without ``n`` when the route had none: the
+workload's policy still bounds every request."""
 
 
 class ProbeInconclusive(Exception):
@@ -110,12 +118,14 @@ def derive_contract(
     previous: Contract,
     fingerprint: Fingerprint,
     now: datetime,
+    prompt_cache: bool = False,
 ) -> ProbeFindings:
     """The contract record for a route from its two probe answers (see the module doc).
 
     ``previous`` supplies what the probe does not decide: ``max_age``, an operator's
     ``emulate``, a verified native maximum above ``requested_n``, and the output cap
-    when usage does not reveal it."""
+    when usage does not reveal it. ``prompt_cache``: a repeated long prompt came back
+    with cached tokens."""
     if requested_n < 2:
         raise ValueError("the probe needs n >= 2 to tell native from ignored")
     candidates, maximum, notes = _candidates(reply, requested_n)
@@ -135,6 +145,7 @@ def derive_contract(
         verified_at=now,
         max_age=previous.max_age,
         fingerprint=fingerprint,
+        prompt_cache=prompt_cache,
     )
     return ProbeFindings(
         contract=contract,
@@ -144,6 +155,47 @@ def derive_contract(
         stated_maximum=maximum,
         reported_model=_model(reply.body),
         notes=notes,
+    )
+
+
+def derive_emulated_contract(
+    reply: ProbeReply,
+    stream: StreamReply,
+    *,
+    previous: Contract,
+    fingerprint: Fingerprint,
+    now: datetime,
+    prompt_cache: bool = False,
+) -> ProbeFindings:
+    """The record for a route whose provider has no ``n`` (Anthropic): the probe sent
+    one candidate, whole and streamed; n > 1 is a fan-out (``emulate``), each branch its
+    own request with its own ceiling (``per_candidate``)."""
+    if reply.status != 200:
+        error = _error(reply.body)
+        raise ProbeInconclusive(
+            f"the probe failed with HTTP {reply.status} "
+            f"({error.get('code') or 'no code'}): {error.get('message') or 'no message'}"
+        )
+    stream_indexes, stream_usage = _stream(stream)
+    kept = previous.candidates == "emulate"
+    contract = Contract(
+        candidates="emulate",
+        max_candidates=previous.max_candidates if kept else EMULATE_MAX_CANDIDATES,
+        output_cap="per_candidate",
+        stream_usage=stream_usage,
+        verified_at=now,
+        max_age=previous.max_age,
+        fingerprint=fingerprint,
+        prompt_cache=prompt_cache,
+    )
+    return ProbeFindings(
+        contract=contract,
+        candidates="no_native_n",
+        returned=len(_choices(reply.body)),
+        stream_indexes=stream_indexes,
+        stated_maximum=None,
+        reported_model=_model(reply.body),
+        notes=["the provider has no n: n > 1 is served by fan-out (candidates: emulate)"],
     )
 
 
@@ -245,6 +297,24 @@ def probe_requests(
         "temperature": 1.0,
     }
     return body, {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+
+CACHE_PROBE_WORDS = 1400
+"""The cache probe's prompt length in words: above the 1,024 tokens providers cache."""
+
+
+def cache_probe_request(model: str, *, explicit: bool) -> dict[str, Any]:
+    """A prompt long enough to be cached, the same every time; ``explicit`` marks its
+    last part with a cache breakpoint (a provider that caches only what is marked)."""
+    text = " ".join(f"line {i}: the harbour wall is old." for i in range(CACHE_PROBE_WORDS // 6))
+    part: dict[str, Any] = {"type": "text", "text": text}
+    if explicit:
+        part["prompt_cache_breakpoint"] = {"mode": "explicit"}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": [part]}],
+        "max_completion_tokens": 1,
+    }
 
 
 def _mode(

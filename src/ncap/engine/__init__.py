@@ -6,14 +6,16 @@ request body by ``chat_params``/``completion_params``; ``ncap.engine.wire`` turn
 into OpenAI wire shapes. llama-cpp-python is imported only when an engine is loaded.
 """
 
-from ncap.engine.engine import Engine, EngineSettings, RequestStream
+from ncap.engine.engine import Engine, EngineSettings, RequestStream, collect
 from ncap.engine.events import (
     ChoiceDelta,
     ChoiceResult,
     Completion,
     Event,
+    RequestCancelled,
     RequestDone,
     RequestFailed,
+    RequestStarted,
     TokenInfo,
     TopToken,
 )
@@ -36,6 +38,7 @@ from ncap.engine.wire import (
     summarize,
     text_chunk_stream,
     text_completion,
+    usage,
 )
 
 __all__ = [
@@ -50,8 +53,10 @@ __all__ = [
     "GenerationParams",
     "JsonGrammar",
     "LegacyRequest",
+    "RequestCancelled",
     "RequestDone",
     "RequestFailed",
+    "RequestStarted",
     "RequestStream",
     "TextChunks",
     "TokenInfo",
@@ -60,10 +65,12 @@ __all__ = [
     "chat_chunk_stream",
     "chat_completion",
     "chat_params",
+    "collect",
     "completion_params",
     "include_usage",
     "new_id",
     "summarize",
     "text_chunk_stream",
     "text_completion",
+    "usage",
 ]

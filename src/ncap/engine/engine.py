@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +22,7 @@ from ncap.engine.events import (
     ChoiceResult,
     Completion,
     Event,
+    RequestCancelled,
     RequestDone,
     RequestFailed,
 )
@@ -40,7 +41,7 @@ from ncap.engine.tools import tool_grammar
 from ncap.engine.weights import resolve_weights
 from ncap.errors import ContextLengthExceeded, InvalidValue
 
-__all__ = ["Engine", "EngineSettings", "RequestStream"]
+__all__ = ["Engine", "EngineSettings", "RequestStream", "collect"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,22 +68,38 @@ class EngineSettings:
 
 
 class RequestStream:
-    """The events of one running request, as an async iterator of event lists."""
+    """The events of one running request, as an async iterator of event lists.
+
+    ``started`` is set once the scheduler admitted the request (or failed it): time
+    before that is queueing, time after it the engine's work on it. ``cancel`` frees
+    the request's sequences and waits until the scheduler confirms it.
+    """
 
     def __init__(self, prepared: PreparedRequest) -> None:
         self.prepared = prepared
         self.queue: asyncio.Queue[list[Event]] = asyncio.Queue()
+        self.started = asyncio.Event()
         self.done = False
         self.finished: RequestDone | None = None  # the last event, once it arrived
+        self.cancelled: RequestCancelled | None = None  # what a cancel freed
         self._loop = asyncio.get_running_loop()
+        self._cancel: Callable[[], bool] | None = None
 
     def sink(self, events: list[Event]) -> bool:
         """Called on the scheduler thread; False once the caller's loop is gone."""
         try:
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, events)
+            self._loop.call_soon_threadsafe(self._put, events)
         except RuntimeError:
             return False
         return True
+
+    def bind(self, cancel: Callable[[], bool]) -> None:
+        """How to cancel the submitted request (True: it was still queued)."""
+        self._cancel = cancel
+
+    def _put(self, events: list[Event]) -> None:
+        self.started.set()  # any event at all means the request left the queue
+        self.queue.put_nowait(events)
 
     def __aiter__(self) -> AsyncIterator[list[Event]]:
         return self._events()
@@ -98,6 +115,31 @@ class RequestStream:
                     self.done = True
                     self.finished = event
             yield events
+
+    async def cancel(self) -> RequestCancelled:
+        """Cancel the request and wait until its sequences are freed (at most the step
+        running now); what it had used by then (nothing while it was queued)."""
+        zero = RequestCancelled(0, (0,) * self.prepared.n)
+        if self.done or self._cancel is None:
+            return self.cancelled or zero
+        if self._cancel():  # still queued: gone at once
+            self.done, self.cancelled = True, zero
+            return zero
+        while not self.done:
+            for event in await self.queue.get():
+                if isinstance(event, RequestCancelled):
+                    self.cancelled = event
+                elif isinstance(event, RequestDone):  # it finished before the cancel
+                    self.finished = event
+                    self.cancelled = RequestCancelled(
+                        event.prompt_tokens, event.choice_tokens, event.cached_tokens
+                    )
+                elif isinstance(event, RequestFailed):
+                    self.cancelled = zero
+                else:
+                    continue
+                self.done = True
+        return self.cancelled or zero
 
 
 class Engine:
@@ -212,6 +254,7 @@ class Engine:
         prepared = await asyncio.to_thread(self.prepare, params)
         stream = RequestStream(prepared)
         job: Job = self._scheduler.submit(prepared, stream.sink)
+        stream.bind(lambda: self._scheduler.cancel(job))
         try:
             yield stream
         finally:
@@ -220,16 +263,38 @@ class Engine:
 
     async def run(self, params: GenerationParams) -> Completion:
         """Run a request to the end and gather its choices."""
-        choices = [ChoiceResult(i) for i in range(params.n)]
-        if params.logprobs:
-            for c in choices:
-                c.logprobs = []
         async with self.open(params) as stream:
-            async for events in stream:
-                done = _apply(choices, events)
-                if done is not None:
-                    return _completion(choices, done)
-        raise AssertionError("the engine ended a request without RequestDone")
+            return await collect(stream)
+
+    def time_budget(self, prepared: PreparedRequest) -> float:
+        """Seconds this request may take once admitted, from its size and the engine's
+        measured speed: its prompt, then ``max_new`` steps as if every sequence the
+        engine holds were busy beside it, times a margin, plus a floor. A machine that
+        got slower measured slower, and the budget grew with it."""
+        prefill_s, decode_s = self._scheduler.speed.now()
+        prefill = len(prepared.tokens) * prefill_s
+        rows = max(self.settings.max_sequences, prepared.n)
+        decode = prepared.max_new * rows * decode_s
+        return _BUDGET_MARGIN * (prefill + decode) + _BUDGET_FLOOR_S
+
+
+# the derived budget: three times the estimate, and never under half a minute
+_BUDGET_MARGIN = 3.0
+_BUDGET_FLOOR_S = 30.0
+
+
+async def collect(stream: RequestStream) -> Completion:
+    """Gather a request's choices from its stream, to the end."""
+    params = stream.prepared.params
+    choices = [ChoiceResult(i) for i in range(params.n)]
+    if params.logprobs:
+        for c in choices:
+            c.logprobs = []
+    async for events in stream:
+        done = _apply(choices, events)
+        if done is not None:
+            return _completion(choices, done)
+    raise AssertionError("the engine ended a request without RequestDone")
 
 
 def _apply(choices: list[ChoiceResult], events: list[Event]) -> RequestDone | None:

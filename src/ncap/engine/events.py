@@ -16,8 +16,10 @@ __all__ = [
     "ChoiceResult",
     "Completion",
     "Event",
+    "RequestCancelled",
     "RequestDone",
     "RequestFailed",
+    "RequestStarted",
     "TokenInfo",
     "TopToken",
 ]
@@ -71,7 +73,28 @@ class RequestFailed:
     error: NcapError
 
 
-Event = ChoiceDelta | RequestDone | RequestFailed
+@dataclass(frozen=True, slots=True)
+class RequestStarted:
+    """First event of an admitted request: it left the queue and holds its sequences
+    (from here on its time is the engine's work, not waiting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCancelled:
+    """Last event of a request cancelled while it ran: its sequences are freed. What it
+    had used by then: prompt tokens in the cache (``cached_tokens`` of them reused, not
+    evaluated) and each choice's generated tokens."""
+
+    prompt_tokens: int
+    choice_tokens: tuple[int, ...]
+    cached_tokens: int = 0
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.choice_tokens)
+
+
+Event = ChoiceDelta | RequestDone | RequestFailed | RequestStarted | RequestCancelled
 
 
 @dataclass(slots=True)

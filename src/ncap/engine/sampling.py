@@ -19,9 +19,10 @@ import numpy.typing as npt
 
 from ncap.engine.events import TokenInfo, TopToken
 from ncap.engine.params import GenerationParams, JsonGrammar
-from ncap.errors import InvalidValue
+from ncap.errors import InvalidValue, NcapError
 
 __all__ = [
+    "GrammarDraw",
     "LogitsRow",
     "PlainDraw",
     "Sampler",
@@ -84,17 +85,22 @@ def build_sampler(
     grammar: str | None,
 ) -> Sampler:
     """``PlainDraw`` for plain temperature sampling or greedy decoding (the API's
-    defaults), llama.cpp's sampler chain for everything else."""
-    plain = (
-        grammar is None
-        and params.top_p >= 1.0
+    defaults), ``GrammarDraw`` for the same under a grammar (tools, JSON), llama.cpp's
+    sampler chain for everything else."""
+    if grammar is None and _plain_under_grammar(params):
+        return PlainDraw(lib, n_vocab, params.temperature, seed)
+    if grammar is not None and _plain_under_grammar(params):
+        return GrammarDraw(lib, vocab, n_vocab, params, seed=seed, grammar=grammar)
+    return SamplerChain.build(lib, vocab, n_vocab, params, seed=seed, grammar=grammar)
+
+
+def _plain_under_grammar(params: GenerationParams) -> bool:
+    return (
+        params.top_p >= 1.0
         and not params.logit_bias
         and not params.frequency_penalty
         and not params.presence_penalty
     )
-    if plain:
-        return PlainDraw(lib, n_vocab, params.temperature, seed)
-    return SamplerChain.build(lib, vocab, n_vocab, params, seed=seed, grammar=grammar)
 
 
 class PlainDraw:
@@ -146,6 +152,92 @@ class PlainDraw:
 
     def close(self) -> None:
         pass
+
+
+# llama_token_data as numpy sees it: {int32 id; float logit; float p} (12 bytes)
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class GrammarDraw:
+    """``PlainDraw`` held to a GBNF grammar (llama.cpp's grammar sampler).
+
+    The token is drawn from the whole distribution first and kept when the grammar takes
+    it (one token checked); only when it does not is the grammar applied to the whole
+    vocabulary and the token drawn again from what it allows. The result has exactly
+    the distribution of drawing from the grammar's tokens alone (a rejected first draw
+    is a draw from the rest, renormalised), as llama.cpp's own common sampler does, and
+    the grammar's full pass over the 49,152 tokens is paid only on a rejection.
+    """
+
+    def __init__(
+        self,
+        lib: Any,
+        vocab: Any,
+        n_vocab: int,
+        params: GenerationParams,
+        *,
+        seed: int,
+        grammar: str,
+    ) -> None:
+        self._lib = lib
+        self._n_vocab = n_vocab
+        self._draw = PlainDraw(lib, n_vocab, params.temperature, seed)
+        self._grammar = lib.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if not self._grammar:
+            raise InvalidValue(_bad_grammar(params), param=_grammar_param(params))
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+        self._all = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._all["id"] = np.arange(n_vocab, dtype=np.int32)
+        self._one_view = self._view(self._one)
+        self._all_view = self._view(self._all)
+
+    def _view(self, data: npt.NDArray[Any]) -> Any:
+        pointer = data.ctypes.data_as(ctypes.POINTER(self._lib.llama_token_data))
+        return self._lib.llama_token_data_array(pointer, len(data), -1, False)
+
+    def sample(self, ctx: Any, row: int) -> int:
+        logits = logits_row(self._lib, ctx, row, self._n_vocab)
+        token = self._draw.draw(logits)
+        if not self.allows(token):
+            token = self._draw.draw(self._allowed(logits))
+        self.accept(token)
+        return token
+
+    def accept(self, token: int) -> None:
+        """Advance the grammar past ``token`` (``sample`` does this for its own draws)."""
+        self._lib.llama_sampler_accept(self._grammar, token)
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar takes ``token`` next."""
+        self._one[0] = (token, 0.0, 0.0)
+        self._apply(self._one_view, 1)
+        return bool(np.isfinite(self._one[0]["logit"]))
+
+    def _allowed(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The row with every token the grammar refuses at minus infinity."""
+        self._all["logit"] = logits
+        self._apply(self._all_view, self._n_vocab)
+        masked: npt.NDArray[np.float32] = self._all["logit"].copy()
+        if not np.isfinite(masked).any():
+            raise NcapError("the grammar allows no token here")
+        return masked
+
+    def _apply(self, view: Any, size: int) -> None:
+        view.size, view.selected, view.sorted = size, -1, False
+        self._lib.llama_sampler_apply(self._grammar, ctypes.byref(view))
+
+    def close(self) -> None:
+        if self._grammar:
+            self._lib.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+
+def _grammar_param(params: GenerationParams) -> str:
+    return "tools" if params.tools is not None else "response_format"
+
+
+def _bad_grammar(params: GenerationParams) -> str:
+    return f"the grammar built from {_grammar_param(params)} is invalid"
 
 
 class SamplerChain:
@@ -213,8 +305,8 @@ class SamplerChain:
     def _add_grammar(self, grammar: str) -> None:
         sampler = self._lib.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
         if not sampler:
-            param = "tools" if self._params.tools is not None else "response_format"
-            raise InvalidValue(f"the grammar built from {param} is invalid", param=param)
+            p = self._params
+            raise InvalidValue(_bad_grammar(p), param=_grammar_param(p))
         self._add(sampler)
 
     def _add_draw(self, seed: int) -> None:

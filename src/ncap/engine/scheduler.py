@@ -31,22 +31,39 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncap.engine.events import ChoiceDelta, Event, RequestDone, RequestFailed, TokenInfo
+from ncap.engine.events import (
+    ChoiceDelta,
+    Event,
+    RequestCancelled,
+    RequestDone,
+    RequestFailed,
+    RequestStarted,
+    TokenInfo,
+)
 from ncap.engine.model import ContextSettings, LlamaModel
 from ncap.engine.params import GenerationParams
 from ncap.engine.prefix_cache import PrefixCache, common_prefix
 from ncap.engine.sampling import LogitsRow, Sampler, build_sampler, logits_row, token_info
 from ncap.engine.text import ChoiceText
-from ncap.engine.tools import ToolChoiceText
+from ncap.engine.tools import CallsText, ToolChoiceText
 from ncap.errors import NcapError, Overloaded
 from ncap.logsafe import log_internal_error
 
-__all__ = ["EngineStats", "Job", "PreparedRequest", "Scheduler", "SchedulerSettings", "Sink"]
+__all__ = [
+    "EngineSpeed",
+    "EngineStats",
+    "Job",
+    "PreparedRequest",
+    "Scheduler",
+    "SchedulerSettings",
+    "Sink",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +119,62 @@ class EngineStats:
     live_sequences: int = 0
 
 
+@dataclass(slots=True)
+class EngineSpeed:
+    """How fast this engine has been lately, as moving averages of its own steps.
+
+    ``prefill_s`` is the wall time per batch row of steps that evaluated prompt tokens
+    (every row counted alike), ``decode_s`` the wall time per sequence of steps that
+    only decoded. Both start pessimistic (several times what a quiet two-core machine
+    does) and follow the machine as it is: a busy one measures slower. The step running
+    now counts too (``now``): one that has already taken longer per row than the
+    averages say is the measure until it ends, so a machine that slowed down is seen
+    before its first slow step is over. Written by the scheduler thread only; a reader
+    sees one value or the other, never a torn one.
+    """
+
+    prefill_s: float = 0.02
+    decode_s: float = 0.05
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    # the step in progress: (perf_counter at its start, rows, rows that only decode)
+    running: tuple[float, int, int] | None = None
+
+    def begin(self, rows: int, decode_rows: int) -> float:
+        began = time.perf_counter()
+        self.running = (began, rows, decode_rows)
+        return began
+
+    def observe(self, seconds: float, rows: int, decode_rows: int) -> None:
+        self.running = None
+        if rows <= 0:
+            return
+        if rows > decode_rows:
+            self.prefill_s = _ewma(self.prefill_s, seconds / rows, self.prefill_steps)
+            self.prefill_steps += 1
+        else:
+            self.decode_s = _ewma(self.decode_s, seconds / rows, self.decode_steps)
+            self.decode_steps += 1
+
+    def now(self) -> tuple[float, float]:
+        """(seconds per prefill row, seconds per decoded sequence), the running step's
+        time so far included."""
+        prefill, decode, running = self.prefill_s, self.decode_s, self.running
+        if running is not None:
+            began, rows, decode_rows = running
+            so_far = (time.perf_counter() - began) / max(1, rows)
+            if rows > decode_rows:
+                prefill = max(prefill, so_far)
+            else:
+                decode = max(decode, so_far)
+        return prefill, decode
+
+
+def _ewma(mean: float, sample: float, seen: int) -> float:
+    """The first measurement replaces the prior; later ones move the mean by a fifth."""
+    return sample if seen == 0 else mean + 0.2 * (sample - mean)
+
+
 @dataclass(eq=False, slots=True)
 class _Sequence:
     index: int
@@ -141,6 +214,10 @@ class Job:
         return self.prepared.params
 
     @property
+    def tokens_generated(self) -> tuple[int, ...]:
+        return tuple(s.n_tokens for s in self.sequences)
+
+    @property
     def prefill_done(self) -> bool:
         return self.prefilled >= len(self.prepared.tokens)
 
@@ -155,6 +232,17 @@ _UBATCH = 48
 # a one-row ubatch takes yet another attention kernel (split over the KV cells, so its
 # sums depend on the cache's size): a reused prompt's tail is at least two tokens
 _MIN_TAIL = 2
+
+
+def _call_finish(job: Job, seq: _Sequence, calls: CallsText) -> str | None:
+    """``tool_calls`` once the calls are whole; a choice cut inside one keeps its own
+    reason (``length``), as OpenAI's does. Without parallel calls, a choice cut right
+    after its one call could only have ended there."""
+    tools = job.params.tools
+    single = tools is not None and not tools.parallel
+    if calls.complete and (seq.finish_reason != "length" or single):
+        return "tool_calls"
+    return seq.finish_reason
 
 
 def _cache_slots(settings: SchedulerSettings) -> int:
@@ -221,6 +309,7 @@ class Scheduler:
         self._stopping = False
         self._drop_cache = False
         self._stats = EngineStats()
+        self.speed = EngineSpeed()
         self._thread = threading.Thread(target=self._run, name="ncap-engine", daemon=True)
         self._thread.start()
 
@@ -241,13 +330,16 @@ class Scheduler:
             self._cond.notify()
         return job
 
-    def cancel(self, job: Job) -> None:
-        """Forget a request: dropped from the queue now, its sequences freed next step."""
+    def cancel(self, job: Job) -> bool:
+        """Forget a request: dropped from the queue now (True), or its sequences freed
+        before the next step, which it reports with ``RequestCancelled`` (False)."""
         job.cancelled = True
         with self._cond:
-            if job in self._pending:
+            queued = job in self._pending
+            if queued:
                 self._pending.remove(job)
             self._cond.notify()
+        return queued
 
     def drop_prefix_cache(self) -> None:
         """Forget every cached prefix (done by the scheduler thread before its next step)."""
@@ -283,11 +375,13 @@ class Scheduler:
                 drop, self._drop_cache = self._drop_cache, False
                 while drop and self._cache.evict_oldest():
                     pass
+                # a cancelled request's ids and cells go to the queue's head in this very
+                # iteration, not one step later
+                self._reap_cancelled_safely()
                 admitted = self._admit_locked()
             for job in admitted:
                 self._start(job)
             try:
-                self._reap_cancelled()
                 if self._running:
                     self._step()
             except Exception as exc:
@@ -333,11 +427,14 @@ class Scheduler:
                 )
                 seq_id = self._free_ids.popleft()
                 seq = _Sequence(i, seq_id, sampler, ChoiceText(p.params.stop))
-                seq.tools = ToolChoiceText() if p.params.tools is not None else None
+                tools = p.params.tools
+                seq.tools = ToolChoiceText([t.name for t in tools.callable]) if tools else None
                 job.sequences.append(seq)
         except NcapError as exc:
             self._drop(job)
             job.sink([RequestFailed(exc)])
+        else:
+            job.sink([RequestStarted()])
         self._update_gauges()
 
     def _step(self) -> None:
@@ -352,8 +449,10 @@ class Scheduler:
         chunks = self._add_prefill_chunks(batch)
         if batch.size == 0:
             return
+        began = self.speed.begin(batch.size, len(decode_rows))
         rc = self._lib.llama_decode(self._ctx, batch.raw)
         if rc != 0:
+            self.speed.running = None
             self._decode_failed(rc)
             return
         self._stats.decode_steps += 1
@@ -364,6 +463,7 @@ class Scheduler:
                 self._cache.store(job.sequences[0].seq_id, job.prepared.tokens)
         prefill_rows = [(job, row) for job, _end, row in chunks if job.prefill_done]
         self._sample_all(decode_rows, prefill_rows)
+        self.speed.observe(time.perf_counter() - began, batch.size, len(decode_rows))
 
     def _add_prefill_chunks(self, batch: _Batch) -> list[tuple[Job, int, int]]:
         """Add prompt chunks within the step's budget: (job, prompt end, last row) each."""
@@ -499,8 +599,10 @@ class Scheduler:
             logprobs = tuple(seq.out_logprobs)
             seq.out_logprobs.clear()
         seq.reported = done
-        if calls:
-            return ChoiceDelta(seq.index, text, logprobs, "tool_calls", tuple(calls))
+        if calls is not None:
+            return ChoiceDelta(
+                seq.index, text, logprobs, _call_finish(job, seq, calls), tuple(calls.calls)
+            )
         return ChoiceDelta(seq.index, text, logprobs, seq.finish_reason)
 
     def _drop(self, job: Job) -> None:
@@ -512,10 +614,21 @@ class Scheduler:
             self._running.remove(job)
             self._reserved -= job.prepared.reserve
         job.finished = True
+        self._update_gauges()  # before the job's last event: its receiver may read them
+
+    def _reap_cancelled_safely(self) -> None:
+        try:
+            self._reap_cancelled()
+        except Exception as exc:
+            log_internal_error(log, "local engine failed to free a cancelled request", exc)
+            self._fail_all(NcapError("the local engine failed while generating"))
 
     def _reap_cancelled(self) -> None:
+        """Free cancelled requests and tell each what it had used (its caller may wait
+        for this to know the sequences are gone and what to account for)."""
         for job in [j for j in self._running if j.cancelled]:
             self._drop(job)
+            job.sink([RequestCancelled(job.prefilled, job.tokens_generated, job.cached)])
         self._update_gauges()
 
     def _decode_failed(self, rc: int) -> None:
@@ -535,6 +648,7 @@ class Scheduler:
         self._fail_all(NcapError("the local engine failed while generating"))
 
     def _fail_all(self, error: NcapError) -> None:
+        self.speed.running = None
         for job in list(self._running):
             self._drop(job)
             job.sink([RequestFailed(error)])

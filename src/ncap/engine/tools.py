@@ -23,6 +23,7 @@ from typing import Any
 from ncap.errors import InvalidType, InvalidValue
 
 __all__ = [
+    "CallsText",
     "ParsedCall",
     "ToolChoiceText",
     "ToolSpec",
@@ -161,9 +162,34 @@ def call_markup(calls: Sequence[Any]) -> str:
 
 # --- grammar --------------------------------------------------------------------------
 
+# llama-cpp-python's converter lets a JSON string hold any character but ``"`` and ``\``,
+# raw control characters included, which JSON forbids (a raw newline in a string makes
+# ``json.loads`` fail); llama.cpp's own converter has since excluded them. Strings here
+# take printable characters and escapes only.
+_CHAR_RULE = re.compile(r"^char ::= .*$", re.MULTILINE)
+_JSON_CHAR = (
+    r'char ::= [^"\\\x7F\x00-\x1F] | '
+    r'"\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+)
+
 
 def tool_grammar(spec: ToolSpec) -> str:
-    """GBNF: prose or tool-call blocks (``auto``), or tool-call blocks only."""
+    """GBNF: tool-call blocks, or (``auto`` only) prose that never opens one.
+
+    Prose may not begin with ``<`` nor contain ``<tool_call>`` anywhere, so a choice
+    that starts a call is, from its first character, held to the call grammar; after
+    the last block only the end of the choice may follow (no trailing text).
+    """
+    body = _CHAR_RULE.sub(lambda _: _JSON_CHAR, _call_json_grammar(spec))
+    block = r'"<tool_call>\n" tool-call-json "\n</tool_call>"'
+    calls = f'{block} ("\\n" {block})*' if spec.parallel else block
+    if spec.choice != "auto":
+        return f"root ::= tool-calls\ntool-calls ::= {calls}\n{body}"
+    return f"root ::= tool-calls | prose\ntool-calls ::= {calls}\n{_prose_rules()}\n{body}"
+
+
+def _call_json_grammar(spec: ToolSpec) -> str:
+    """``tool-call-json``: {"name": <an allowed tool>, "arguments": <its schema>}."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     variants = [
@@ -182,52 +208,130 @@ def tool_grammar(spec: ToolSpec) -> str:
         raise InvalidValue(
             f"cannot turn a tool's parameters into a grammar: {exc}", param="tools"
         ) from exc
-    body = re.sub(r"^root ::=", "tool-call-json ::=", body, count=1, flags=re.MULTILINE)
-    block = r'"<tool_call>\n" tool-call-json "\n</tool_call>"'
-    calls = f'{block} ("\\n" {block})*' if spec.parallel else block
-    root = "root ::= tool-calls | prose" if spec.choice == "auto" else "root ::= tool-calls"
-    return f"{root}\ntool-calls ::= {calls}\nprose ::= [^<\\x00] [^\\x00]*\n{body}"
+    if not _CHAR_RULE.search(body):  # every call has a string: the name
+        raise InvalidValue("cannot turn the tools into a grammar", param="tools")
+    return re.sub(r"^root ::=", "tool-call-json ::=", body, count=1, flags=re.MULTILINE)
+
+
+def _prose_rules() -> str:
+    """GBNF for text that does not start with ``<`` and never contains ``<tool_call>``.
+
+    ``prose-k`` has matched the first k characters of the marker (``<`` occurs in it
+    only first, so a mismatch restarts at 0, or at 1 on a ``<``); ``prose-11`` would be
+    the whole marker and does not exist."""
+    marker = OPEN
+    rules = ["prose ::= [^<\\x00] prose-0", 'prose-0 ::= [^<\\x00] prose-0 | "<" prose-1 | ""']
+    for k in range(1, len(marker)):
+        ch = marker[k]
+        nxt = f"prose-{k + 1}" if k + 1 < len(marker) else None
+        alts = [f'"{ch}" {nxt}'] if nxt else []
+        alts += ['"<" prose-1', f"[^{_cls(ch)}<\\x00] prose-0", '""']
+        rules.append(f"prose-{k} ::= " + " | ".join(alts))
+    return "\n".join(rules)
+
+
+def _cls(ch: str) -> str:
+    return "\\" + ch if ch in "]^-\\" else ch
 
 
 # --- output ---------------------------------------------------------------------------
 
+_DECODER = json.JSONDecoder()
+_NAME = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)("?)')
+_ARGUMENTS = re.compile(r'"arguments"\s*:\s*', re.DOTALL)
 
-def parse_calls(text: str) -> list[ParsedCall] | None:
-    """The calls in a choice's text; None when it is not a complete call block."""
-    if not text.lstrip().startswith(OPEN):
+
+@dataclass(frozen=True, slots=True)
+class CallsText:
+    """A call choice's text read as blocks: the calls, and whether the last is whole."""
+
+    calls: list[ParsedCall]
+    complete: bool
+
+
+def parse_calls(text: str, names: Sequence[str] = ()) -> CallsText | None:
+    """The calls in a call choice's text (it starts with ``<``); None for prose.
+
+    Blocks are read with a JSON decoder, not a pattern, so a ``</tool_call>`` inside an
+    argument string is part of the string. A block cut short (the token limit) becomes
+    a partial call, as OpenAI returns one: its name as far as it went (completed when
+    only one of ``names`` begins with it) and its arguments as far as they went."""
+    if not text.startswith("<"):
         return None
-    calls = []
-    for payload in _BLOCK.findall(text):
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            return None
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            return None
-        arguments = json.dumps(data.get("arguments", {}), ensure_ascii=False)
-        calls.append(ParsedCall(f"call_{uuid.uuid4().hex[:24]}", data["name"], arguments))
-    return calls or None
+    calls: list[ParsedCall] = []
+    pos = 0
+    while pos < len(text):
+        whole = _block(text, pos)
+        if whole is None:
+            calls.append(_partial(text[pos:], names))
+            return CallsText(calls, False)
+        call, pos = whole
+        calls.append(call)
+        pos += len(text[pos:]) - len(text[pos:].lstrip())
+    return CallsText(calls, bool(calls))
+
+
+def _block(text: str, pos: int) -> tuple[ParsedCall, int] | None:
+    """One whole ``<tool_call>`` block at ``pos``: the call and where the block ends."""
+    if not text.startswith(OPEN, pos):
+        return None
+    start = pos + len(OPEN)
+    start += len(text[start:]) - len(text[start:].lstrip())
+    try:
+        data, end = _DECODER.raw_decode(text, start)
+    except ValueError:
+        return None
+    rest = text[end:].lstrip()
+    if not rest.startswith(CLOSE) or not isinstance(data, dict):
+        return None
+    name = data.get("name")
+    if not isinstance(name, str):
+        return None
+    arguments = json.dumps(data.get("arguments", {}), ensure_ascii=False)
+    return _call(name, arguments), len(text) - len(rest) + len(CLOSE)
+
+
+def _partial(text: str, names: Sequence[str]) -> ParsedCall:
+    body = text[len(OPEN) :].lstrip() if text.startswith(OPEN) else ""
+    found = _NAME.match(body)
+    name = found.group(1) if found else ""
+    if not (found and found.group(2)):  # the name itself was cut: complete it if unique
+        fits = [n for n in names if n.startswith(name)]
+        name = fits[0] if len(fits) == 1 else name
+    args = _ARGUMENTS.search(body, found.end()) if found and found.group(2) else None
+    return _call(name, _arguments_so_far(body[args.end() :]) if args else "")
+
+
+def _arguments_so_far(text: str) -> str:
+    """Cut arguments as they are; whole ones (the block was cut after them) alone."""
+    try:
+        value, _ = _DECODER.raw_decode(text)
+    except ValueError:
+        return text.rstrip()
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _call(name: str, arguments: str) -> ParsedCall:
+    return ParsedCall(f"call_{uuid.uuid4().hex[:24]}", name, arguments)
 
 
 class ToolChoiceText:
     """One choice's text in a tool request: prose passes through as it comes; a call
-    (the grammar starts it with ``<``, prose never) is held until the choice ends."""
+    (the grammar starts it with ``<``, prose never) is held until the choice ends, then
+    read into calls, whole or cut, and never handed back as prose."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Sequence[str] = ()) -> None:
         self.mode: str | None = None  # "prose" or "call"
+        self._names = tuple(names)
         self._held: list[str] = []
 
-    def feed(self, text: str, done: bool) -> tuple[str, list[ParsedCall] | None]:
-        """(text to send now, the parsed calls once a call choice is done)."""
-        if self.mode is None and text.strip():
-            self.mode = "call" if text.lstrip().startswith("<") else "prose"
+    def feed(self, text: str, done: bool) -> tuple[str, CallsText | None]:
+        """(text to send now, the calls once a call choice is done)."""
+        if self.mode is None and text:
+            self.mode = "call" if text.startswith("<") else "prose"
         if self.mode == "prose":
-            if self._held:
-                text, self._held = "".join(self._held) + text, []
             return text, None
         self._held.append(text)
-        if not done:
+        if not done or self.mode is None:
             return "", None
-        held = "".join(self._held)
-        calls = parse_calls(held)
-        return ("", calls) if calls else (held, None)
+        return "", parse_calls("".join(self._held), self._names)

@@ -9,8 +9,14 @@ gateways on a shared ledger (PostgreSQL replicas, ``--workers`` on one SQLite fi
 re-read the store every ``stores.admin_refresh_s`` (``GrantsSync``), so a key revoked
 on one is refused by all within that interval. A key is
 shown once, in the answer that created it; only its hash is stored. Who made a
-change is the ``X-Ncap-Actor`` header (an operator's name or address), else
-``admin``.
+change is the credential that made it: the audit's actor is ``admin-key:`` and the
+first 12 hex digits of the admin key's SHA-256 (so a rotated key shows as another
+actor); an ``X-Ncap-Actor`` header (an operator's name or address) is not verified and
+is kept only as ``claimed_actor`` in the audit row's detail.
+
+Every id an admin names (an exception's id, a key's label, a path's id) is bounded in
+length and alphabet (``config.ID_PATTERN``, ``LABEL_PATTERN``): it reaches metric
+labels, the ledger and the dashboard.
 
 Routes: ``GET/POST /admin/exceptions``, ``DELETE /admin/exceptions/{id}``,
 ``GET/POST /admin/keys``, ``DELETE /admin/keys/{id}`` (the id is the key's hash
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import secrets
@@ -34,7 +41,7 @@ import pydantic
 from aiohttp import web
 
 from ncap.auth import hash_key
-from ncap.config import Config, ExceptionGrant, KeyEntry
+from ncap.config import ID_PATTERN, LABEL_PATTERN, Config, ExceptionGrant, KeyEntry
 from ncap.domain.grants import Grants, key_id
 from ncap.errors import (
     Forbidden,
@@ -44,10 +51,11 @@ from ncap.errors import (
     InvalidValue,
     MissingParameter,
     NotFound,
+    RateLimitExceeded,
 )
-from ncap.http.dashboard import admin_refusal
+from ncap.http.dashboard import DASHBOARD, admin_refusal
 from ncap.http.limits import body_deadline, read_limited
-from ncap.stores.admin import AdminChange, AdminStore, DuplicateGrant
+from ncap.stores.admin import Action, AdminChange, AdminStore, DuplicateGrant, Kind
 
 __all__ = [
     "ADMIN_ROUTES",
@@ -65,6 +73,9 @@ GRANTS = web.AppKey("grants", Grants)
 ADMIN_STORE = web.AppKey("admin_store", AdminStore)
 _ADMIN_CONFIG = web.AppKey("admin_config", Config)
 _ACTOR = re.compile(r"^[\w.@+:/ -]{1,128}$")
+_ID = re.compile(ID_PATTERN)
+_LABEL = re.compile(LABEL_PATTERN)
+_KEY_ID = re.compile(r"^sha256:[0-9a-f]{12}$")
 _MAX_BODY = 64 * 1024
 _encode = msgspec.json.Encoder().encode
 
@@ -134,19 +145,52 @@ def add_admin_routes(app: web.Application, config: Config) -> None:
         app.router.add_route(route.method.upper(), route.path, route.handler)
 
 
-def _admin(request: web.Request) -> str:
-    """The actor of an admin request; 401/403 unless it carries the admin key."""
+@dataclass(frozen=True, slots=True)
+class _Actor:
+    """Who makes an admin change: the credential, and the name the request claimed."""
+
+    credential: str
+    claimed: str | None
+
+    def change(
+        self,
+        action: Action,
+        kind: Kind,
+        target: str,
+        entry: ExceptionGrant | KeyEntry | None = None,
+    ) -> AdminChange:
+        return AdminChange(self.credential, action, kind, target, entry, claimed_by=self.claimed)
+
+
+def _admin(request: web.Request) -> _Actor:
+    """The actor of an admin request; 401/403/429 unless it carries the admin key."""
     refused = admin_refusal(request, cookie=False)
     if refused is not None:
-        status, message = refused
-        raise (InvalidApiKey if status == 401 else Forbidden)(message)
-    actor = request.headers.get("X-Ncap-Actor", "admin").strip()
-    if not _ACTOR.match(actor):
+        if refused.status == 429:
+            raise RateLimitExceeded(refused.message, retry_after=refused.retry_after)
+        raise (InvalidApiKey if refused.status == 401 else Forbidden)(refused.message)
+    claimed = request.headers.get("X-Ncap-Actor")
+    if claimed is not None and not _ACTOR.match(claimed.strip()):
         raise InvalidValue(
             "X-Ncap-Actor must be 1-128 letters, digits or . @ + : / - _ and spaces.",
             param="X-Ncap-Actor",
         )
-    return actor
+    admin_key = request.app[DASHBOARD].admin_key
+    assert admin_key is not None  # admin_refusal refuses without one
+    return _Actor(admin_actor(admin_key), claimed.strip() if claimed is not None else None)
+
+
+def admin_actor(admin_key: str) -> str:
+    """The audit's name for the admin key: a fingerprint, never the key."""
+    return "admin-key:" + hashlib.sha256(admin_key.encode()).hexdigest()[:12]
+
+
+def _path_id(request: web.Request, *patterns: re.Pattern[str]) -> str:
+    """The ``{id}`` of the path, if it is shaped like an id; else 400 (not echoed)."""
+    value = request.match_info["id"]
+    if not any(p.fullmatch(value) for p in patterns):
+        raise InvalidValue("That is not an id this API ever gives out.", param="id")
+    return value
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -220,12 +264,19 @@ async def create_exception(request: web.Request) -> web.Response:
     actor = _admin(request)
     grant: ExceptionGrant = _validated(ExceptionGrant, await _body(request))
     config = request.app[_ADMIN_CONFIG]
-    _check_exception(grant, config, request.app[GRANTS])
-    await _record(request, AdminChange(actor, "create", "exception", grant.id, grant))
-    return _json(_exception_view(grant, config, datetime.now(UTC)), status=201)
+    now = datetime.now(UTC)
+    _check_exception(grant, config, request.app[GRANTS], now)
+    await _record(request, actor.change("create", "exception", grant.id, grant))
+    return _json(_exception_view(grant, config, now), status=201)
 
 
-def _check_exception(grant: ExceptionGrant, config: Config, grants: Grants) -> None:
+def _check_exception(grant: ExceptionGrant, config: Config, grants: Grants, now: datetime) -> None:
+    if grant.expires <= now:  # it would never apply, and its id could never be used again
+        raise InvalidValue(
+            f"expires ({grant.expires.isoformat()}) is in the past: the exception would "
+            "never apply.",
+            param="expires",
+        )
     if grant.workload not in config.workloads:
         raise InvalidValue(f"No workload {grant.workload!r} in the config.", param="workload")
     cap = config.limits.max_candidates_absolute
@@ -240,11 +291,11 @@ def _check_exception(grant: ExceptionGrant, config: Config, grants: Grants) -> N
 
 async def revoke_exception(request: web.Request) -> web.Response:
     actor = _admin(request)
-    eid = request.match_info["id"]
+    eid = _path_id(request, _ID)
     grant = request.app[GRANTS].exception(eid)
     if grant is None:
         raise NotFound(f"No active exception {eid!r}.", param="id")
-    await _record(request, AdminChange(actor, "revoke", "exception", eid, None))
+    await _record(request, actor.change("revoke", "exception", eid))
     return _json({"id": eid, "object": "exception", "revoked": True})
 
 
@@ -255,9 +306,9 @@ class NewKey(pydantic.BaseModel):
     """The body of ``POST /admin/keys``."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    workload: str
-    environment: str = "production"
-    label: str | None = pydantic.Field(None, min_length=1, max_length=64)
+    workload: str = pydantic.Field(max_length=128)
+    environment: str = pydantic.Field("production", pattern=ID_PATTERN)
+    label: str | None = pydantic.Field(None, pattern=LABEL_PATTERN)
 
 
 def _key_view(entry: KeyEntry, config: Config) -> dict[str, Any]:
@@ -295,17 +346,17 @@ async def create_key(request: web.Request) -> web.Response:
         label=new.label,
         created=datetime.now(UTC).replace(microsecond=0),
     )
-    await _record(request, AdminChange(actor, "create", "key", key_id(entry), entry))
+    await _record(request, actor.change("create", "key", key_id(entry), entry))
     return _json({**_key_view(entry, config), "key": key}, status=201)
 
 
 async def revoke_key(request: web.Request) -> web.Response:
     actor = _admin(request)
-    wanted = request.match_info["id"]
+    wanted = _path_id(request, _KEY_ID, _LABEL)
     entry = request.app[GRANTS].key(wanted)
     if entry is None:
         raise NotFound(f"No active key {wanted!r} (give its id or label).", param="id")
-    await _record(request, AdminChange(actor, "revoke", "key", key_id(entry), None))
+    await _record(request, actor.change("revoke", "key", key_id(entry)))
     return _json({"id": key_id(entry), "object": "key", "revoked": True})
 
 

@@ -5,7 +5,12 @@ Which budgets: a workload's ``usd_per_day`` (period: the UTC day), ``usd_per_mon
 (the UTC month) and an exception's ``budget_usd`` (period: its life). What counts is
 what the budget check counts: settled cost plus what is still held.
 
-When: an attempt's row is final (an ``Accounting`` observer). The hook only schedules
+When: an attempt's row is final, or a request was refused by a USD budget (an
+``Accounting`` observer). A refusal by a budget's window fires that budget's
+thresholds up to 100 % even when settled plus held is below the limit: the check
+refuses a request whose own reservation would pass the limit, so the spend of a
+refusing budget stalls short of it, and a budget that refuses work is the state an
+operator most needs to hear about (the critical alert). The hook only schedules
 a check for that workload and exception in the background; a check already running
 for them runs once more when it ends instead of piling up. The request path never
 waits for the budget read, the webhook or its retries.
@@ -16,13 +21,15 @@ restarts and across replicas sharing the ledger database. Only the winner posts.
 The post is JSON with a Slack-compatible ``text`` and the same facts under ``ncap``;
 it is retried ``retries`` times with exponential backoff on a connection error, a
 timeout, a 429 or a 5xx, then given up (logged; the row stays ``delivered = 0``).
+A redirect is never followed (the webhook URL is often itself a secret, and the post
+must not go to an origin the receiver names): a 3xx is a refusal, not retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,7 +38,9 @@ import aiohttp
 from ncap.config import BudgetAlerts, Config
 from ncap.domain.budget import Buckets, BudgetWindows, Usage
 from ncap.domain.grants import Grants
+from ncap.domain.money import format_usd
 from ncap.lifecycle import Attempt, Plan
+from ncap.metrics import Metrics
 from ncap.stores.admin import AdminStore, BudgetAlertRow
 from ncap.stores.base import BudgetStore
 
@@ -39,6 +48,8 @@ __all__ = ["BudgetAlerter", "alert_text"]
 
 log = logging.getLogger("ncap.alerts")
 Subject = tuple[str, str | None]  # (workload, exception id)
+# a ``budget_exhausted`` denial's ``denied_by`` -> the alert scope it exhausts
+_REFUSING = {"usd_micros_day": "day", "usd_micros_month": "month", "exception": "exception"}
 
 
 class BudgetAlerter:
@@ -50,8 +61,10 @@ class BudgetAlerter:
         store: AdminStore,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: Metrics | None = None,
     ) -> None:
         self._config = config
+        self._metrics = metrics
         self._settings: BudgetAlerts = config.alerts
         self._grants = grants
         self._budgets = budgets
@@ -59,6 +72,7 @@ class BudgetAlerter:
         self._clock = clock
         self._running: dict[Subject, asyncio.Task[None]] = {}
         self._again: set[Subject] = set()
+        self._refused: dict[Subject, set[str]] = {}
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -70,9 +84,12 @@ class BudgetAlerter:
     def attempt_closed(
         self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
     ) -> None:
-        if attempt is None:
-            return  # a denial spent nothing
         subject = (plan.caller.workload_id, plan.decision.exception_id)
+        if attempt is None:  # a denial spent nothing; a USD budget's refusal is news
+            scope = _REFUSING.get(str(final.get("denied_by")))
+            if final.get("policy_reason") != "budget_exhausted" or scope is None:
+                return
+            self._refused.setdefault(subject, set()).add(scope)
         if subject in self._running:
             self._again.add(subject)
             return
@@ -82,8 +99,9 @@ class BudgetAlerter:
         try:
             while True:
                 self._again.discard(subject)
+                refused = self._refused.pop(subject, set())
                 try:
-                    await self.check(*subject)
+                    await self.check(*subject, refused=refused)
                 except Exception as exc:  # an alert must never take the gateway down
                     log.error("budget alert check failed: %s", type(exc).__name__)
                 if subject not in self._again:
@@ -93,12 +111,15 @@ class BudgetAlerter:
 
     # -- one check ---------------------------------------------------------------------------
 
-    async def check(self, workload_id: str, exception_id: str | None) -> list[BudgetAlertRow]:
-        """Claim and post every threshold crossed now; returns the ones this call fired."""
+    async def check(
+        self, workload_id: str, exception_id: str | None, *, refused: Set[str] = frozenset()
+    ) -> list[BudgetAlertRow]:
+        """Claim and post every threshold crossed now (``refused``: scopes that refused a
+        request, which count as at 100 %); returns the ones this call fired."""
         now = self._clock()
         usage = await self._budgets.usage(workload_id, exception_id=exception_id, now=now)
         fired = []
-        for row in self._crossed(workload_id, exception_id, usage, now):
+        for row in self._crossed(workload_id, exception_id, usage, now, refused):
             if await self._store.claim_alert(row):
                 fired.append(row)
                 if await self._post(row):
@@ -106,7 +127,12 @@ class BudgetAlerter:
         return fired
 
     def _crossed(
-        self, workload_id: str, exception_id: str | None, usage: Usage, now: datetime
+        self,
+        workload_id: str,
+        exception_id: str | None,
+        usage: Usage,
+        now: datetime,
+        refused: Set[str] = frozenset(),
     ) -> list[BudgetAlertRow]:
         workload = self._config.workloads.get(workload_id)
         if workload is None:
@@ -129,9 +155,14 @@ class BudgetAlerter:
             subject, period, spent, limit = budgets[scope]
             if not limit or not subject:
                 continue
+            at_limit = scope in refused
             for pct in self._settings.thresholds:
-                if spent * 100 >= pct * limit:
-                    rows.append(BudgetAlertRow(subject, scope, period, pct, now, spent, limit))
+                if spent * 100 >= pct * limit or (at_limit and pct <= 100):
+                    rows.append(
+                        BudgetAlertRow(
+                            subject, scope, period, pct, now, spent, limit, workload=workload_id
+                        )
+                    )
         return rows
 
     # -- the webhook -------------------------------------------------------------------------
@@ -146,15 +177,24 @@ class BudgetAlerter:
             if attempt:
                 await asyncio.sleep(settings.backoff_s * 2 ** (attempt - 1))
             try:
-                async with self._client().post(url, json=payload, timeout=timeout) as reply:
+                async with self._client().post(
+                    url, json=payload, timeout=timeout, allow_redirects=False
+                ) as reply:
                     if reply.status < 300:
                         return True
                     if reply.status != 429 and reply.status < 500:
                         break  # the receiver refused this payload: retrying will not help
             except (aiohttp.ClientError, TimeoutError):
                 continue
+        if self._metrics is not None:
+            self._metrics.child(self._metrics.alert_webhook_failures, row.scope).inc()
         log.warning(
-            "budget alert not delivered: %s %s %s%%", row.scope, row.period, row.threshold_pct
+            "budget alert not delivered: workload=%s subject=%s window=%s period=%s threshold=%s%%",
+            row.workload or row.subject,
+            row.subject,
+            row.scope,
+            row.period,
+            row.threshold_pct,
         )
         return False
 
@@ -197,7 +237,10 @@ def alert_text(row: BudgetAlertRow) -> str:
     )
     window = {"day": f"its day budget ({row.period})", "month": f"its month budget ({row.period})"}
     budget = window.get(row.scope, "its lifetime budget")
+    # fired by a refusal below the limit (see the module docstring)
+    below = row.spent_micros * 100 < row.threshold_pct * row.limit_micros
+    refusing = " and refuses requests" if below else ""
     return (
-        f"ncap: {what} {row.threshold_pct}% of {budget}: "
-        f"USD {row.spent_micros / 1e6:.2f} of {row.limit_micros / 1e6:.2f}"
+        f"ncap: {what} {row.threshold_pct}% of {budget}{refusing}: "
+        f"{format_usd(row.spent_micros)} of {format_usd(row.limit_micros)}"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import itertools
 import logging
 import os
@@ -16,6 +17,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -24,8 +26,10 @@ from aiohttp import web
 from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config, Route
-from ncap.domain.grants import Grants
+from ncap.domain.grants import Grants, key_id
 from ncap.errors import (
+    ConfigError,
+    Forbidden,
     InvalidApiKey,
     InvalidRequest,
     NcapError,
@@ -34,7 +38,7 @@ from ncap.errors import (
 )
 from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
-from ncap.http.dashboard import add_dashboard_routes
+from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
@@ -43,7 +47,7 @@ from ncap.http.signals import RequestSignals, tracer_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
-from ncap.providers import provider_for
+from ncap.providers import capabilities_of, provider_for
 from ncap.providers.base import Provider, RequestKind
 from ncap.stores import (
     BudgetStore,
@@ -58,7 +62,7 @@ from ncap.stores import (
     shared_between_processes,
     sqlite_target,
 )
-from ncap.stores.admin import AdminStore, admin_store_for_ledger
+from ncap.stores.admin import AdminChange, AdminStore, admin_store_for_ledger
 
 __all__ = ["create_app"]
 
@@ -72,6 +76,7 @@ ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
 GAUGES = web.AppKey("gauges", StoreGauges)
+STORE_SWEEP_S = 10.0  # how often the store gauges are re-read without a scrape
 REQUEST_ID = web.RequestKey("request_id", str)
 SIGNALS = web.AppKey("signals", RequestSignals)
 ALERTER = web.AppKey("alerter", BudgetAlerter)
@@ -198,11 +203,51 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
     )
 
 
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _loopback_host(value: str) -> bool:
+    """``value`` (a Host header, or an origin's host[:port]) names this machine."""
+    host = value.strip().lower()
+    if host.startswith("["):  # [::1]:8080
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    if host in _LOOPBACK_HOSTS:
+        return True
+    try:  # 127.0.0.2 and the rest of 127.0.0.0/8 (a bind the config allows keyless)
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _keyless_refusal(request: web.Request) -> str | None:
+    """Why a keyless request may not be served. Keyless mode serves programs on this
+    machine, not web pages: a browser can be made to send a cross-site "simple" POST
+    (``text/plain``, no preflight) or, by DNS rebinding, a same-origin one under
+    another host name. So: a JSON body, a loopback ``Host``, and no ``Origin`` but a
+    loopback one."""
+    if request.method == "POST" and request.content_type != "application/json":
+        return "Keyless mode only serves requests with Content-Type: application/json."
+    if not _loopback_host(request.headers.get("Host", "")):
+        return "Keyless mode only serves requests addressed to a loopback host."
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        scheme, _, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not _loopback_host(rest.rstrip("/")):
+            return "Keyless mode does not serve requests from web pages of other origins."
+    return None
+
+
 def _authenticate(request: web.Request) -> Caller:
     """The caller of a key in force (config's and admin-made, minus revoked ones);
-    while no key was ever set, every request is workload ``default``."""
+    while no key was ever set, every request is workload ``default``, if it is one a
+    local program sent (``_keyless_refusal``)."""
     grants = request.app[GRANTS]
     if not grants.keys_required:
+        refusal = _keyless_refusal(request)
+        if refusal is not None:
+            raise Forbidden(refusal + " Create an API key (`ncap keys create`) to serve others.")
         return Caller("default", "default")
     header = request.headers.get("Authorization", "")
     if not header.strip():
@@ -216,7 +261,7 @@ def _authenticate(request: web.Request) -> Caller:
         digest = hash_key(key.strip())
         for entry in grants.keys:
             if secrets.compare_digest(entry.hash, digest):
-                return Caller(entry.workload, entry.environment)
+                return Caller(entry.workload, entry.environment, key_id=key_id(entry))
     raise InvalidApiKey("Incorrect API key provided.")
 
 
@@ -351,8 +396,48 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+OPERATIONS_KEY = web.AppKey("operations_key", str)
+
+
+def operations_key_from_env(config: Config) -> str | None:
+    """The token ``/metrics``, ``/readyz`` and ``/openapi.json`` require, when the config
+    names its variable; ``ConfigError`` when that variable is unset or too short (the
+    config asked for a credential: never serve them open by accident)."""
+    env = config.server.operations_key_env
+    if env is None:
+        return None
+    key = os.environ.get(env, "")
+    if len(key) < MIN_ADMIN_KEY_LENGTH:
+        raise ConfigError(
+            f"server.operations_key_env names {env}, which holds {len(key)} characters; "
+            f"at least {MIN_ADMIN_KEY_LENGTH} are required"
+        )
+    return key
+
+
+def _operations_guard(request: web.Request) -> None:
+    """401 without a token, 403 with a wrong one, when an operations key is set (the
+    admin key is accepted as well)."""
+    key = request.app.get(OPERATIONS_KEY)
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise InvalidApiKey(
+            "Send the operations key (server.operations_key_env) as a Bearer token."
+        )
+    admin = request.app[DASHBOARD].admin_key
+    if secrets.compare_digest(token.encode(), key.encode()):
+        return
+    if admin is not None and secrets.compare_digest(token.encode(), admin.encode()):
+        return
+    raise Forbidden("That key is not the operations key.")
+
+
 async def readyz(request: web.Request) -> web.Response:
     """Ready when every store answers; a failure names the store and its backend."""
+    _operations_guard(request)
     stores = await request.app[ACCOUNTING].check_ready()
     problems = [
         f"{name} ({s['backend']}): {s['error']}" for name, s in stores.items() if not s["ready"]
@@ -362,6 +447,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    _operations_guard(request)
     await request.app[GAUGES].refresh()  # store-derived gauges, cached briefly
     body, content_type = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": content_type})
@@ -370,7 +456,7 @@ async def metrics(request: web.Request) -> web.Response:
 def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
     """Remote routes report their health; the local engine has its own queue gauge."""
     provider = provider_for(route, route_id=route_id)
-    if route.provider != "local":
+    if not capabilities_of(route.provider).in_process:
         return ObservedProvider(provider, route_id, metrics)
     return provider
 
@@ -378,7 +464,7 @@ def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
     """Load local models before serving (not on the first request) and export the
     engine's queue depth."""
-    local_routes = [rt for rt in routes if rt.route.provider == "local"]
+    local_routes = [rt for rt in routes if rt.capabilities.in_process]
     if not local_routes:
         return
     from ncap.providers.local import LocalProvider
@@ -413,14 +499,33 @@ def _request_signals(config: Config, tracer_provider: Any) -> RequestSignals:
 
 
 def _route_runtimes(config: Config, metrics: Metrics) -> dict[str, RouteRuntime]:
-    """Each configured route with its provider (remote ones report their health)."""
+    """Each configured route with its provider (remote ones report their health); a
+    contract asking a provider for a candidate mode it does not have is refused here."""
+    for rid, route in config.routes.items():
+        mode = route.contract.candidates
+        caps = capabilities_of(route.provider)
+        if mode in ("native", "emulate") and mode not in caps.candidates:
+            raise ConfigError(
+                f"routes.{rid}.contract.candidates: {caps.title} route has no native n; "
+                "use candidates: emulate (fan-out)"
+            )
     return {
         rid: RouteRuntime(rid, route, _observed(route, rid, metrics))
         for rid, route in config.routes.items()
     }
 
 
-def _add_routes(app: web.Application, config: Config) -> None:
+def _sessions(store: AdminStore, sync: GrantsSync, grants: Grants) -> Sessions:
+    """A dashboard sign-out: an audit row every gateway of the ledger reads back."""
+
+    async def end(at: datetime) -> None:
+        await store.record(AdminChange("dashboard", "revoke", "session", "dashboard"), at)
+        await sync.reload()
+
+    return Sessions(grants, end)
+
+
+def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> None:
     """Every endpoint of SPEC §3, the dashboard, the admin API and the OpenAPI document."""
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -428,9 +533,9 @@ def _add_routes(app: web.Application, config: Config) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    add_dashboard_routes(app, config)
+    add_dashboard_routes(app, config, sessions)
     add_admin_routes(app, config)
-    add_openapi_route(app)
+    add_openapi_route(app, _operations_guard)
 
 
 def create_app(
@@ -460,7 +565,7 @@ def create_app(
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = _admin_store(config)
     app[GRANTS_SYNC] = _grants_sync(config, admin_store, grants)
-    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store)
+    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider)
     accounting = Accounting(
         config,
@@ -472,7 +577,7 @@ def create_app(
         observers=[o for o in (signals, alerter) if o.enabled],
     )
     app[GAUGES] = StoreGauges(
-        config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s
+        config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s, grants=grants
     )
     peers = PeerWatch(
         instances_for(raw_ledger),
@@ -492,7 +597,10 @@ def create_app(
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
-    _add_routes(app, config)
+    operations_key = operations_key_from_env(config)
+    if operations_key is not None:
+        app[OPERATIONS_KEY] = operations_key
+    _add_routes(app, config, _sessions(admin_store, app[GRANTS_SYNC], grants))
 
     app.cleanup_ctx.append(_lifecycle)
     return app
@@ -520,8 +628,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await accounting.budgets.recover_lost(accounting.instance)
     await app[GRANTS_SYNC].start()  # admin-made entries survive a restart; replicas sync
     await app[GAUGES].refresh(force=True)
+    # the store snapshot also settles holds another process reconciled: not only on scrape
+    gauges = asyncio.create_task(app[GAUGES].run(STORE_SWEEP_S))
     await _warm_local_engines(routes, app[METRICS])
     yield
+    gauges.cancel()
+    await asyncio.gather(gauges, return_exceptions=True)
     await app[BACKGROUND].drain()
     await app[ALERTER].drain()
     await app[GRANTS_SYNC].stop()

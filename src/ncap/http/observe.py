@@ -25,9 +25,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from ncap.config import Config, Pricing, utcnow
+from ncap.config import Config, ExceptionGrant, Pricing, utcnow
 from ncap.domain.budget import Buckets, BudgetWindows, Usage
 from ncap.domain.events import LedgerEvent, ReconciliationRow
+from ncap.domain.grants import Grants
 from ncap.domain.money import micros_from_usd
 from ncap.metrics import Metrics
 from ncap.protocol.validate import MULTI_CANDIDATE_FIELDS
@@ -38,7 +39,7 @@ from ncap.providers.base import (
     StreamEvent,
     UpstreamResult,
 )
-from ncap.stores.base import BudgetStore, Hold, ImportResult, LedgerStore
+from ncap.stores.base import BudgetStore, Hold, ImportResult, LedgerStore, hold_id_for
 
 __all__ = [
     "MULTI_CANDIDATE_FIELDS",
@@ -62,8 +63,14 @@ class StoreGauges:
         metrics: Metrics,
         *,
         max_age_s: float,
+        grants: Grants | None = None,
     ) -> None:
         self._config = config
+        self._grants = grants or Grants.from_config(config)
+        # every exception seen in force since start-up: a revoked one keeps its series
+        # (spend, limit) and reads ``ncap_exception_active 0`` instead of vanishing
+        self._seen: dict[str, ExceptionGrant] = {}
+        self._pending_keys: set[tuple[str, str]] = set()  # (workload, route) ever pending
         self._ledger = ledger
         self._budgets = budgets
         self._metrics = metrics
@@ -90,8 +97,10 @@ class StoreGauges:
 
     async def _read(self, now: datetime) -> None:
         m = self._metrics
-        m.pending_reconciliation.set(len(await self._ledger.pending()))
-        holds = await self._budgets.outstanding()
+        pending = await self._ledger.pending()
+        m.pending_reconciliation.set(len(pending))
+        self._pending(pending, now)
+        holds = await self._settle_reconciled(await self._budgets.outstanding(), pending)
         m.reservations_outstanding.set(len(holds))
         buckets = Buckets.at(now)
         for name, workload in self._config.workloads.items():
@@ -99,15 +108,76 @@ class StoreGauges:
             mine = [h for h in holds if h.workload_id == name]
             windows = BudgetWindows.for_workload(workload)
             self._workload(name, usage, windows, _reserved(mine, buckets))
-        for grant in self._config.exceptions:
+        await self._exceptions(holds, now)
+
+    async def _exceptions(self, holds: list[Hold], now: datetime) -> None:
+        """The config's and the admin API's exceptions; active while in force (neither
+        revoked nor expired)."""
+        m = self._metrics
+        in_force = {g.id: g for g in self._grants.exceptions}
+        for grant in (*self._config.exceptions, *in_force.values()):
+            self._seen[grant.id] = in_force.get(grant.id, self._seen.get(grant.id, grant))
+        for grant in self._seen.values():
             usage = await self._budgets.usage(grant.workload, exception_id=grant.id, now=now)
             held = sum(h.cost_micros for h in holds if h.exception_id == grant.id)
             labels = (grant.id, grant.workload)
+            active = grant.id in in_force and grant.expires > now
             m.child(m.exception_spent, *labels).set(max(usage.cost_exception - held, 0))
             m.child(m.exception_reserved, *labels).set(held)
-            m.child(m.exception_active, *labels).set(1 if grant.expires > now else 0)
+            m.child(m.exception_active, *labels).set(1 if active else 0)
             if grant.budget_usd is not None:
                 m.child(m.exception_limit, *labels).set(micros_from_usd(grant.budget_usd) or 0)
+
+    def _pending(self, pending: list[LedgerEvent], now: datetime) -> None:
+        """Pending rows and the oldest one's age by (workload, route); a pair whose rows
+        were all reconciled reads 0 rather than keeping its last value."""
+        m = self._metrics
+        counts: dict[tuple[str, str], int] = {}
+        oldest: dict[tuple[str, str], datetime] = {}
+        for e in pending:
+            key = (e.workload_id, e.route_id or "")
+            counts[key] = counts.get(key, 0) + 1
+            oldest[key] = min(oldest.get(key, e.timestamp), e.timestamp)
+        self._pending_keys |= counts.keys()
+        for key in self._pending_keys:
+            m.child(m.pending_by_route, *key).set(counts.get(key, 0))
+            age = (now - oldest[key]).total_seconds() if key in oldest else 0.0
+            m.child(m.pending_oldest_age, *key).set(max(age, 0.0))
+
+    async def _settle_reconciled(self, holds: list[Hold], pending: list[LedgerEvent]) -> list[Hold]:
+        """Settle the kept holds whose rows another process reconciled.
+
+        ``ncap reconcile import`` settles the holds of the budget store it opens; an
+        in-process store (``memory://``) is this process's own, so the import cannot
+        reach it and the holds would count against the budgets until a restart. A kept
+        hold whose row is no longer pending is settled here at the row's final usage.
+        Returns the holds still outstanding."""
+        waiting = {hold_id_for(e.request_id, e.attempt) for e in pending}
+        out = []
+        for hold in holds:
+            if hold.state != "kept" or hold.hold_id in waiting:
+                out.append(hold)
+                continue
+            row = await self._final_row(hold.hold_id)
+            if row is None:
+                out.append(hold)  # no final row (yet): leave it
+                continue
+            await self._budgets.settle(hold, row.total_tokens or 0, row.cost_micros or 0)
+        return out
+
+    async def _final_row(self, hold_id: str) -> LedgerEvent | None:
+        request_id, _, attempt = hold_id.rpartition("#")
+        for event in await self._ledger.get(request_id):
+            if str(event.attempt) == attempt and event.state in ("reconciled", "settled"):
+                return event
+        return None
+
+    async def run(self, interval_s: float) -> None:
+        """Refresh every ``interval_s`` in the background (held reservations that
+        another process reconciled are released without waiting for a scrape)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.refresh()
 
     def _workload(
         self, name: str, usage: Usage, windows: BudgetWindows, reserved: dict[str, int]

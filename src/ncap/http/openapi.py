@@ -14,6 +14,7 @@ handlers validate with (their JSON Schema), so those cannot drift either.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -149,11 +150,16 @@ def _admin_operation(route: AdminRoute, components: dict[str, Any]) -> dict[str,
     return out
 
 
-def add_openapi_route(app: web.Application) -> None:
-    """``GET /openapi.json``: public (it describes the API, it holds no data)."""
+def add_openapi_route(
+    app: web.Application, guard: Callable[[web.Request], None] | None = None
+) -> None:
+    """``GET /openapi.json``: it describes the API (route and alias names included);
+    ``guard`` raises for a request that may not read it (``server.operations_key_env``)."""
     body = msgspec.json.encode(openapi_document())
 
     async def handler(request: web.Request) -> web.Response:
+        if guard is not None:
+            guard(request)
         return web.Response(body=body, content_type="application/json")
 
     app.router.add_get("/openapi.json", handler)

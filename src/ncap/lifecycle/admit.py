@@ -73,6 +73,7 @@ class Admitter:
             scope = self.accounting.budgets.quota_scope
             denied = plan or _draft(request_id, caller, request, chain, decision, now, scope)
             await self.accounting.deny(denied, chain[0], exc, written=written)
+            exc.request_headers = denied.headers(chain[0].id)
             raise
         except Exception as exc:
             if written is not None:  # e.g. the budget store down: 503, and a refused row

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ncap.config import Route
 from ncap.errors import NcapError
-from ncap.lifecycle.failures import as_failure, client_error
+from ncap.lifecycle.failures import as_failure, client_error, may_fall_back, retryable
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import CLIENT_REQUEST_ID, AttemptFailed, RequestKind, UpstreamResult
@@ -62,13 +62,13 @@ class Attempts:
                     return attempt, await call(attempt)
                 except AttemptFailed as exc:
                     last = exc
-                    if exc.retryable:
+                    if retryable(exc):
                         continue
-                    if exc.client_fault is False:
+                    if may_fall_back(exc):
                         break  # the route's limit, not the request's: a fallback may serve
-                    raise client_error(exc) from None
+                    raise _told(client_error(exc), plan, rt) from None
         assert last is not None
-        raise client_error(last) from None
+        raise _told(client_error(last), plan, attempt.route) from None
 
     async def call(self, attempt: Attempt, body: Mapping[str, Any]) -> UpstreamResult:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
@@ -90,6 +90,12 @@ class Attempts:
         except (AttemptFailed, NcapError) as exc:
             await self.accounting.failed(attempt, as_failure(exc))
             raise
+
+
+def _told(error: NcapError, plan: Plan, rt: RouteRuntime) -> NcapError:
+    """The client's error, with the request's ``x-ncap-*`` headers (the last route tried)."""
+    error.request_headers = plan.headers(rt.id)
+    return error
 
 
 async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any], kind: RequestKind) -> StreamOpen:

@@ -2,14 +2,20 @@
 n. Every branch is an attempt with its own ledger row and hold (each prefill is paid
 and recorded), all or nothing, merged in branch order: whole bodies re-indexed, or k
 streams relayed as one with each branch's choice at its own ``index``, usage summed.
+
+Branches are independent draws: a client's ``seed`` s goes to branch i as s + i, since
+a provider that honours seeds would otherwise return k copies of one answer at k times
+the cost (``branch_body``). On a route whose provider caches prompts, branch 0 goes
+first and the others once it answered (streamed: its first event), so they read its
+prompt from the cache at the cached rate (``primed``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -24,10 +30,12 @@ from ncap.providers.base import AttemptFailed, UpstreamResult
 from ncap.stores.base import Hold
 from ncap.streaming.sse import DONE, StreamEvent, encode_event
 
-__all__ = ["FanOut"]
+__all__ = ["FanOut", "branch_body", "cache_breakpoint", "primed"]
 
 _encode = msgspec.json.Encoder().encode
 Branch = tuple[Attempt, StreamOpen]
+_SEED_SPAN = 2**64
+T = TypeVar("T")
 Queue = asyncio.Queue[tuple[int, StreamEvent | BaseException | None]]
 
 
@@ -40,9 +48,7 @@ class FanOut:
         self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any], rt: RouteRuntime
     ) -> Reply:
         branches = await self._start(plan, holds, rt)
-        results = await asyncio.gather(
-            *(self.attempts.call(a, body) for a in branches), return_exceptions=True
-        )
+        results = await self._sent(branches, body, rt, self.attempts.call)
         answered = [
             (a, r) for a, r in zip(branches, results, strict=True) if isinstance(r, UpstreamResult)
         ]
@@ -62,9 +68,7 @@ class FanOut:
     ) -> Reply:
         """k streams opened together (all or nothing before the first byte)."""
         started = await self._start(plan, holds, rt)
-        opened = await asyncio.gather(
-            *(self.attempts.open(a, body) for a in started), return_exceptions=True
-        )
+        opened = await self._sent(started, body, rt, self.attempts.open)
         branches = [
             (a, o) for a, o in zip(started, opened, strict=True) if isinstance(o, StreamOpen)
         ]
@@ -82,6 +86,31 @@ class FanOut:
         k = plan.decision.effective
         begun = (self.accounting.begin(plan, holds, n, rt) for n in range(1, k + 1))
         return list(await asyncio.gather(*begun))
+
+    async def _sent(
+        self,
+        branches: Sequence[Attempt],
+        body: dict[str, Any],
+        rt: RouteRuntime,
+        send: Callable[[Attempt, dict[str, Any]], Awaitable[T]],
+    ) -> list[T | BaseException]:
+        """Every branch sent (a whole answer, or a stream up to its first event), each
+        with its own seed. Cache-primed (``primed``): branch 0 alone first, the others
+        once it answered, when its prompt is in the provider's cache; if branch 0 fails
+        the others are never sent (their rows close as refused, at zero)."""
+        bodies = [branch_body(body, i) for i in range(len(branches))]
+        if not primed(rt, len(branches)):
+            calls = (send(a, b) for a, b in zip(branches, bodies, strict=True))
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+        if rt.capabilities.prompt_cache == "explicit":
+            bodies = [cache_breakpoint(b) for b in bodies]
+        (first,) = await asyncio.gather(send(branches[0], bodies[0]), return_exceptions=True)
+        if isinstance(first, BaseException):
+            for attempt in branches[1:]:
+                await self.accounting.failed(attempt, _not_sent())
+            return [first] * len(branches)
+        rest = (send(a, b) for a, b in zip(branches[1:], bodies[1:], strict=True))
+        return [first, *await asyncio.gather(*rest, return_exceptions=True)]
 
     def _settle_answers(
         self, answered: Sequence[tuple[Attempt, UpstreamResult]]
@@ -126,6 +155,47 @@ class FanOut:
             await branch.stack.aclose()
             report = stream_report(tally, None if tally.done else (cut or "stream_truncated"))
             await self.accounting.stream_finished(attempt, report)
+
+
+def _not_sent() -> AttemptFailed:
+    """A branch a cache-primed fan-out never sent, because branch 0 failed: it left
+    nothing (refused, settled at zero)."""
+    return AttemptFailed("connection", dispatched=False, detail="fan_out_not_sent")
+
+
+def primed(rt: RouteRuntime, k: int) -> bool:
+    """Whether a fan-out of ``k`` on ``rt`` primes the provider's prompt cache: the
+    route's contract says its provider caches prompts and the route did not turn it off.
+    The cost is about one time to first token (the others wait for branch 0's)."""
+    route = rt.route
+    return k > 1 and route.contract.prompt_cache and route.fanout_cache_priming
+
+
+def cache_breakpoint(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the prompt's last content part marked by OpenAI's
+    ``prompt_cache_breakpoint`` (a provider that caches only where told, Anthropic,
+    caches the prompt up to it); a message without a markable part is left as it is."""
+    messages = list(body.get("messages") or [])
+    if not messages or not isinstance(messages[-1], dict):
+        return body
+    last = dict(messages[-1])
+    content = last.get("content")
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(parts, list) or not parts or parts[-1].get("type") == "refusal":
+        return body
+    parts = [*parts[:-1], {**parts[-1], "prompt_cache_breakpoint": {"mode": "explicit"}}]
+    messages[-1] = {**last, "content": parts}
+    return {**body, "messages": messages}
+
+
+def branch_body(body: dict[str, Any], index: int) -> dict[str, Any]:
+    """Branch ``index``'s body: the client's integer ``seed`` s becomes s + index, so
+    that a provider honouring seeds draws k different answers; otherwise ``body``."""
+    seed = body.get("seed")
+    if index == 0 or not isinstance(seed, int) or isinstance(seed, bool):
+        return body
+    # wrapped into the signed 64-bit range the request's seed was validated against
+    return {**body, "seed": (seed + index + _SEED_SPAN // 2) % _SEED_SPAN - _SEED_SPAN // 2}
 
 
 def _raised(failure: BaseException) -> BaseException:

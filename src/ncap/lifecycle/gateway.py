@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ncap.config import Config
-from ncap.errors import InvalidValue, ModelNotFound, UnknownParameter
+from ncap.errors import InvalidValue, ModelNotFound, NcapError, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.fanout import FanOut
@@ -115,8 +115,10 @@ class Gateway:
                 # an explicit output ceiling on every attempt, so the reservation is real
                 _send_ceiling(plan, body)
             return await self._dispatch(plan, holds, body)
-        except BaseException:
+        except BaseException as exc:
             await self.accounting.abandon(holds)
+            if isinstance(exc, NcapError) and not exc.request_headers:
+                exc.request_headers = plan.headers(plan.usable_routes[0].id)
             raise
 
     async def _parse(
@@ -170,8 +172,9 @@ class Gateway:
         route_ids = self.config.models.get(alias)
         workload = self.config.workloads[caller.workload_id]
         if route_ids is None or not workload.allows_model(alias):
+            shown = alias if len(alias) <= 128 else alias[:128] + "…"  # a client's text
             raise ModelNotFound(
-                f"The model `{alias}` does not exist or you do not have access to it.",
+                f"The model `{shown}` does not exist or you do not have access to it.",
                 param="model",
             )
         return [self.routes[rid] for rid in route_ids]
@@ -220,11 +223,12 @@ def _one_prompt(request: CompletionRequest) -> None:
 
 
 def _legacy_routes(chain: list[RouteRuntime]) -> list[RouteRuntime]:
-    """The routes that serve ``/v1/completions`` (Gemini has no such endpoint)."""
-    if chain[0].route.provider == "gemini":
+    """The routes that serve ``/v1/completions`` (by their provider's capabilities)."""
+    primary = chain[0].capabilities
+    if not primary.serves("completions"):
         raise InvalidValue(
-            "This model's route is a Gemini route, which serves /v1/chat/completions only, "
-            "not the legacy /v1/completions.",
+            f"This model's route is {primary.title} route, which serves /v1/chat/completions "
+            "only, not the legacy /v1/completions.",
             param="model",
         )
-    return [rt for rt in chain if rt.route.provider != "gemini"]
+    return [rt for rt in chain if rt.capabilities.serves("completions")]

@@ -1,7 +1,10 @@
 """Client ``Idempotency-Key``: a retried request is not dispatched twice (SPEC §12).
 
 The one hook before admission (``Gateway.chat``). The key is scoped to the workload and
-hashed (``<workload>:<sha256(key)>``, so no client text reaches the store); the record
+the API key that sent it, and hashed (``<workload>:<key id>:<sha256(key)>``, without the
+key id in keyless mode, so no
+client text reaches the store): another key of the same workload reusing ``order-42``
+neither learns of the first request, nor blocks it, nor is replayed its answer. The record
 beside it names the first request, a hash of its canonical body (sorted-key JSON) and
 whether it was a stream. The record lives in the budget store
 (``stores.base.IdempotencyStore``), so it reaches every replica the budgets reach, and
@@ -114,7 +117,9 @@ class Idempotency:
                 f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters.",
                 param="Idempotency-Key",
             )
-        scoped = f"{req.caller.workload_id}:{hashlib.sha256(req.key.encode()).hexdigest()}"
+        digest = hashlib.sha256(req.key.encode()).hexdigest()
+        by = f"{req.caller.key_id}:" if req.caller.key_id else ""  # keyless: the workload
+        scoped = f"{req.caller.workload_id}:{by}{digest}"
         mine = _Record(_body_hash(req.raw), req.request_id, req.stream)
         claim = _encode(mine)
         first = await self._claim_or_wait(scoped, claim, mine)

@@ -18,6 +18,7 @@ from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import Provider, RequestKind
+from ncap.providers.kinds import Capabilities, capabilities_of
 from ncap.stores.base import Hold
 
 __all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"]
@@ -25,12 +26,15 @@ __all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who sent the request, and which of the client's own tries it is
-    (``x-stainless-retry-count``: every row of the request records it)."""
+    """Who sent the request (its workload, environment and key), and which of the
+    client's own tries it is (``x-stainless-retry-count``: every row records it)."""
 
     workload_id: str
     environment: str
     client_retry_count: int | None = None
+    # the public id of the API key the request presented (its hash prefix); None in
+    # keyless mode. What a client may name for itself (an Idempotency-Key) is scoped by it
+    key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,11 @@ class RouteRuntime:
     id: str
     route: Route
     provider: Provider
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the route's kind of provider can do (never its name: see providers)."""
+        return capabilities_of(self.route.provider)
 
 
 @dataclass(slots=True)

@@ -68,6 +68,7 @@ def summed_usage(usages: Sequence[SummaryUsage | None]) -> dict[str, Any] | None
     lets branches after the first reuse the prompt)."""
     prompt = completion = 0
     cached: int | None = None
+    written: int | None = None
     for u in usages:
         if u is None or u.prompt_tokens is None or u.completion_tokens is None:
             return None
@@ -76,13 +77,17 @@ def summed_usage(usages: Sequence[SummaryUsage | None]) -> dict[str, Any] | None
         details = u.prompt_tokens_details
         if details is not None and details.cached_tokens is not None:
             cached = (cached or 0) + details.cached_tokens
+        if details is not None and details.cache_write_tokens is not None:
+            written = (written or 0) + details.cache_write_tokens
     summed: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-    if cached is not None:
-        summed["prompt_tokens_details"] = {"cached_tokens": cached}
+    if cached is not None or written is not None:
+        summed["prompt_tokens_details"] = {"cached_tokens": cached or 0}
+        if written is not None:
+            summed["prompt_tokens_details"]["cache_write_tokens"] = written
     return summed
 
 

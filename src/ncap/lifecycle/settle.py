@@ -46,6 +46,7 @@ from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRunti
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
+from ncap.redact import bounded_id
 from ncap.stores.base import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
 
 __all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
@@ -277,7 +278,7 @@ class Accounting:
                 event.denied_amount,
             )
         if plan is not None:  # a refused field has no plan: nothing to observe
-            final = {"state": "denied", "policy_reason": reason}
+            final = {"state": "denied", "policy_reason": reason, "denied_by": event.denied_by}
             self._notify(plan, None, final, "denied")
 
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
@@ -361,10 +362,14 @@ class Accounting:
             _log_failure(attempt, None, str(report.cut), outcome)
 
     async def failed(self, attempt: Attempt, failure: AttemptFailed) -> None:
-        usage = reported_usage(failure)  # a refusal's own report (a blocked prompt's)
-        report = AttemptReport(failure.provider_request_id, 0, {}, usage, attempt.plan.stream, None)
+        # a refusal's own report (a blocked prompt's), or what a cancelled engine used
+        usage = reported_usage(failure)
         unbilled = attempt.route.route.contract.error_responses == "unbilled"
         outcome = ledger_outcome(failure, unbilled_errors=unbilled)
+        finish = {"cancelled": attempt.plan.expected_returned} if outcome == "cancelled" else {}
+        report = AttemptReport(
+            failure.provider_request_id, 0, finish, usage, attempt.plan.stream, None
+        )
         await self._close(attempt, report, outcome, upstream_status=failure.status)
         _log_failure(attempt, failure.status, classify(failure, unbilled_errors=unbilled), outcome)
 
@@ -444,7 +449,8 @@ class Accounting:
         else:
             final = {}
         final.update(
-            provider_request_id=report.provider_request_id,
+            # an upstream's id as it sent it is untrusted: the ledger keeps plausible ids only
+            provider_request_id=bounded_id(report.provider_request_id),
             returned_candidate_count=0 if rejected else report.returned,
             finish_reasons=report.finish_reasons,
             usage_source=_usage_source(usage, report.stream, outcome),
@@ -652,15 +658,18 @@ def usage_complete(usage: SummaryUsage | None) -> bool:
 def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any]:
     if usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
         return {}
-    cached = (usage.prompt_tokens_details and usage.prompt_tokens_details.cached_tokens) or 0
+    details = usage.prompt_tokens_details
+    cached = (details and details.cached_tokens) or 0
+    written = (details and details.cache_write_tokens) or 0
     reasoning = usage.completion_tokens_details and usage.completion_tokens_details.reasoning_tokens
+    cost = cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing, written)
     return {
         "input_tokens": usage.prompt_tokens,
         "cached_input_tokens": cached,
         "output_tokens_total": usage.completion_tokens,
         "reasoning_tokens": reasoning,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "cost_micros": cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing),
+        "cost_micros": cost,
     }
 
 

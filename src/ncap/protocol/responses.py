@@ -89,6 +89,9 @@ class Choice(_Wire):
 class PromptTokensDetails(_Wire):
     cached_tokens: int = 0
     audio_tokens: int | UnsetType = UNSET
+    # prompt tokens written to the provider's cache (Anthropic's
+    # ``cache_creation_input_tokens``), where the provider reports them
+    cache_write_tokens: int | UnsetType = UNSET
 
 
 class CompletionTokensDetails(_Wire):
@@ -166,6 +169,7 @@ class ErrorEnvelope(_Wire):
 class _SummaryUsageDetails(msgspec.Struct):
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+    cache_write_tokens: int | None = None
 
 
 SummaryUsageDetails = _SummaryUsageDetails  # built by the local engine's summaries

@@ -3,8 +3,10 @@
 A provider performs exactly one attempt: retries, fallbacks and the ledger belong to
 ``ncap.lifecycle``, which records every attempt as its own event. Failures are raised as
 ``AttemptFailed`` (converted from the transport's own exceptions where they enter), and
-each provider normalizes its upstream's error shape into it (``UpstreamErrorDetail``),
-so ``ncap.lifecycle.failures`` classifies every provider's failures with one table.
+each provider normalizes its upstream's error shape into it (``UpstreamErrorDetail``: a refusal of
+n > 1 carries the code ``route_does_not_support_candidates``, a credential or route
+configuration the upstream refused ``route_misconfigured``), so
+``ncap.lifecycle.failures`` classifies every provider's failures with one table.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ncap.errors import NcapError
 from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamEvent
 
@@ -35,7 +36,7 @@ __all__ = [
 # gateway, a timeout) can still be matched in its usage records
 CLIENT_REQUEST_ID: ContextVar[str | None] = ContextVar("ncap_client_request_id", default=None)
 
-FailureKind = Literal["status", "timeout", "connection", "protocol"]
+FailureKind = Literal["status", "timeout", "connection", "protocol", "oversized"]
 RequestKind = Literal["chat", "completions"]
 """Which OpenAI endpoint the body is for: ``/chat/completions`` or the legacy
 ``/completions`` (a ``prompt`` instead of ``messages``, ``best_of``)."""
@@ -67,9 +68,10 @@ class UpstreamErrorDetail:
 
 @dataclass(slots=True)
 class AttemptFailed(Exception):
-    """One attempt failed. ``retryable`` follows the route's retry rule (408/409/429/5xx,
-    connection errors, timeouts); ``error`` is the upstream's own error, normalized by
-    its provider, when it sent one that could be read."""
+    """One attempt failed: the facts, as the provider read them. ``error`` is the
+    upstream's own error, normalized into OpenAI's terms (message, code, param) when it
+    sent one that could be read. What the facts mean (retry, fall back, the client's
+    error, the ledger outcome) is decided by one table, ``ncap.lifecycle.failures``."""
 
     kind: FailureKind
     status: int | None = None
@@ -81,26 +83,13 @@ class AttemptFailed(Exception):
     partial: bool = field(default=False)
     # False when the request provably never left (connection refused): nothing was billed
     dispatched: bool = field(default=True)
-    # set by a provider that normalizes its upstream's errors itself (Gemini): the error
-    # the client gets, whether the same route may be retried (overriding the status rule)
-    # and whether it is the request's own fault (False: a fallback route may serve)
-    client: NcapError | None = None
-    retry: bool | None = None
-    client_fault: bool | None = None
     # what the upstream reported despite failing (a blocked prompt's usage), and the most
     # candidates a refusal of n > 1 stated
     usage: Usage | None = None
     max_candidates: int | None = None
-
-    @property
-    def retryable(self) -> bool:
-        if self.partial:
-            return False
-        if self.retry is not None:
-            return self.retry
-        if self.kind in ("timeout", "connection"):
-            return True
-        return self.status is not None and (self.status in (408, 409, 429) or self.status >= 500)
+    # a timeout at which the provider stopped the work itself and counted what it had
+    # used into ``usage`` (the local engine cancels its sequences): nothing is unknown
+    cancelled: bool = False
 
     def __str__(self) -> str:
         return f"{self.kind} {self.status or ''} {self.detail}".strip()

@@ -14,7 +14,6 @@ prompt blocked at the first event fails the attempt before any byte reaches the 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from ncap.config import Route
+from ncap.config import GeminiRoute
 from ncap.errors import InvalidValue
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.validate import CHAT_FIELDS
@@ -34,6 +33,7 @@ from ncap.providers.base import (
     UpstreamErrorDetail,
     UpstreamResult,
 )
+from ncap.providers.credentials import route_headers
 from ncap.providers.openai_gemini import (
     GeminiError,
     GeminiStream,
@@ -43,7 +43,7 @@ from ncap.providers.openai_gemini import (
     to_gemini_request,
     translate_error,
 )
-from ncap.providers.transport import HttpTransport, mapped
+from ncap.providers.transport import HttpTransport, answer_limit, bounded, mapped
 from ncap.streaming.sse import StreamEvent
 from ncap.streaming.sse_data import iter_data
 
@@ -61,13 +61,14 @@ class GeminiProvider:
     """One route's Gemini model: one transport (one pool of the route's
     ``max_connections``, opened on first use) for both methods, whole and streamed."""
 
-    def __init__(self, route: Route, *, route_id: str) -> None:
+    def __init__(self, route: GeminiRoute, *, route_id: str) -> None:
         assert route.upstream_model is not None  # config.Route requires it for gemini
         self.route_id = route_id
         self.model = route.upstream_model
+        self._max_answer = route.max_answer_bytes
         base = (route.base_url or DEFAULT_BASE_URL).rstrip("/") + f"/models/{self.model}"
         self._replay = _SKIP_SIGNATURE if _GEMINI_3.match(self.model) else None
-        headers = _headers(route, route_id)
+        headers = route_headers(route, route_id, header="x-goog-api-key", scheme="")
         self._transport = _transport(route, base + ":generateContent", headers)
         self._stream_url = base + ":streamGenerateContent?alt=sse"
 
@@ -75,10 +76,11 @@ class GeminiProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         data = self._request(body, kind)
-        payload, headers = await self._transport.post(data, timeout=timeout)
+        limit = answer_limit(body, self._max_answer)
+        payload, headers = await self._transport.post(data, timeout=timeout, limit=limit)
         try:
             resp = decode_response(payload)
-            rid = resp.response_id or headers.get("x-request-id")
+            rid = self._transport.scrub_id(resp.response_id or headers.get("x-request-id"))
             completion = to_chat_completion(
                 resp,
                 completion_id=_completion_id(rid),
@@ -87,7 +89,7 @@ class GeminiProvider:
                 provider_request_id=rid,
             )
         except GeminiError as exc:
-            raise as_attempt_failed(exc) from exc
+            raise self._transport.scrub(as_attempt_failed(exc)) from exc
         return UpstreamResult(200, _encode(completion), summarize(completion), rid)
 
     @asynccontextmanager
@@ -96,13 +98,14 @@ class GeminiProvider:
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamEvent]]]:
         data = self._request(body, kind)
         async with self._transport.open(data, timeout=timeout, url=self._stream_url) as resp:
-            payloads = aiter(iter_data(resp.content))
+            limit = answer_limit(body, self._max_answer)
+            payloads = aiter(_scrubbed(iter_data(bounded(resp.content, limit)), self._transport))
             first = await _first(payloads)
-            rid = _response_id(first)
+            rid = self._transport.scrub_id(_response_id(first))
             translator = GeminiStream(
                 completion_id=_completion_id(rid), created=int(time.time()), model=self.model
             )
-            yield rid, _events(translator, first, payloads)
+            yield rid, _events(translator, first, payloads, self._transport)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
@@ -120,7 +123,7 @@ class GeminiProvider:
         return _encode(to_gemini_request(request, replay_signature=self._replay))
 
 
-def _transport(route: Route, url: str, headers: Mapping[str, str]) -> HttpTransport:
+def _transport(route: GeminiRoute, url: str, headers: Mapping[str, str]) -> HttpTransport:
     return HttpTransport(
         url,
         headers=headers,
@@ -128,20 +131,6 @@ def _transport(route: Route, url: str, headers: Mapping[str, str]) -> HttpTransp
         max_connections=route.max_connections,
         failure_of=gemini_failure,
     )
-
-
-def _headers(route: Route, route_id: str) -> dict[str, str]:
-    headers = {**route.headers, "Content-Type": "application/json"}
-    key = os.environ.get(route.api_key_env) if route.api_key_env else None
-    if key:
-        headers["x-goog-api-key"] = key
-    elif route.api_key_env:
-        log.warning(
-            "route %s: %s is not set; requests go upstream without a credential",
-            route_id,
-            route.api_key_env,
-        )
-    return headers
 
 
 def _completion_id(provider_request_id: str | None) -> str:
@@ -160,13 +149,24 @@ def _response_id(data: bytes | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
+async def _scrubbed(
+    payloads: AsyncIterator[bytes], transport: HttpTransport
+) -> AsyncIterator[bytes]:
+    """Each event's payload without the route's secrets, should the upstream echo them."""
+    async for payload in payloads:
+        yield transport.scrub_bytes(payload)
+
+
 async def _first(payloads: AsyncIterator[bytes]) -> bytes | None:
     with mapped():
         return await anext(payloads, None)
 
 
 async def _events(
-    translator: GeminiStream, first: bytes | None, payloads: AsyncIterator[bytes]
+    translator: GeminiStream,
+    first: bytes | None,
+    payloads: AsyncIterator[bytes],
+    transport: HttpTransport,
 ) -> AsyncIterator[StreamEvent]:
     """Gemini payloads → OpenAI events. A failure before anything was yielded is the
     attempt's (retryable, unrelayed); after that, a cut of a partly relayed stream."""
@@ -176,7 +176,7 @@ async def _events(
         try:
             events = translator.events(data)
         except GeminiError as exc:
-            raise as_attempt_failed(exc, partial=relayed) from exc
+            raise transport.scrub(as_attempt_failed(exc, partial=relayed)) from exc
         for event in events:
             relayed = True
             yield event
@@ -197,23 +197,34 @@ def gemini_failure(status: int, headers: Mapping[str, str], payload: bytes) -> A
     return as_attempt_failed(error)
 
 
+# what each kind of Gemini failure is, in OpenAI's terms: the code the failure table
+# reads (None: the status says it) and whether the client hears Gemini's own words
+_FACTS: dict[str, tuple[str | None, bool]] = {
+    "invalid": (None, True),
+    "context": ("context_length_exceeded", True),
+    "blocked": ("content_filter", False),
+    "candidates": ("route_does_not_support_candidates", False),
+    "rate_limit": ("rate_limit_exceeded", False),
+    "auth": ("invalid_api_key", False),
+    "route": ("route_misconfigured", True),
+}
+
+
 def as_attempt_failed(error: GeminiError, *, partial: bool = False) -> AttemptFailed:
-    """The lifecycle's failure for a ``GeminiError``: the client's error as the translator
-    built it, its retry rule, and whether another route may serve (a candidates refusal
-    is the route's limit, not the request's fault)."""
-    # a blocked prompt came as a 200; for the ledger it is a refusal of the request
+    """The facts of a ``GeminiError`` for the failure table: the status (a blocked
+    prompt came as a 200, but it is a refusal of the request: 400), the OpenAI code of
+    what Gemini said, its message, and what it reported (usage, the most candidates)."""
     status = 400 if error.kind == "blocked" else error.upstream_status
+    code, own_words = _FACTS.get(error.kind, (None, False))
+    message = error.upstream_message if own_words and error.upstream_message else error.message
     return AttemptFailed(
         "protocol" if error.kind == "protocol" else "status",
         status,
         retry_after=error.retry_after,
-        error=UpstreamErrorDetail(error.message, code=error.code, param=error.param),
+        error=UpstreamErrorDetail(message, code=code, param=error.param),
         provider_request_id=error.provider_request_id,
         detail=str(error),
         partial=partial,
-        client=error.as_ncap_error(),
-        retry=error.retryable,
-        client_fault=error.client_fault,
         usage=error.usage,
         max_candidates=error.max_candidates,
     )

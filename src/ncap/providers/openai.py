@@ -10,15 +10,14 @@ read here, once, into the failure's ``UpstreamErrorDetail``.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from ncap.config import Route
+from ncap.config import HttpRoute
 from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
 from ncap.providers.base import (
     CLIENT_REQUEST_ID,
@@ -27,7 +26,15 @@ from ncap.providers.base import (
     UpstreamErrorDetail,
     UpstreamResult,
 )
-from ncap.providers.transport import HttpTransport, mapped, parse_retry_after
+from ncap.providers.credentials import route_headers
+from ncap.providers.transport import (
+    FailureOf,
+    HttpTransport,
+    answer_limit,
+    bounded,
+    mapped,
+    parse_retry_after,
+)
 from ncap.streaming.sse import MalformedEvent, StreamEvent, iter_events
 
 __all__ = ["OpenAIProvider", "openai_failure", "parse_retry_after"]
@@ -43,30 +50,46 @@ _PATHS: tuple[tuple[RequestKind, str], ...] = (
 
 
 class OpenAIProvider:
-    def __init__(self, route: Route, *, route_id: str) -> None:
-        assert route.base_url is not None
+    """An upstream that speaks OpenAI's wire shapes: ``{base_url}/chat/completions`` and
+    ``{base_url}/completions`` with a bearer credential, unless a provider of the same
+    shapes (Azure OpenAI) gives its own URLs, headers and error reading."""
+
+    def __init__(
+        self,
+        route: HttpRoute,
+        *,
+        route_id: str,
+        urls: Mapping[RequestKind, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        failure_of: FailureOf | None = None,
+    ) -> None:
         self.route_id = route_id
-        headers = _headers(route, route_id)
-        base = route.base_url.rstrip("/")
+        self._max_answer = route.max_answer_bytes
+        if urls is None:
+            assert route.base_url is not None
+            base = route.base_url.rstrip("/")
+            urls = {kind: f"{base}/{path}" for kind, path in _PATHS}
+        sent = headers if headers is not None else route_headers(route, route_id)
         # one transport per endpoint; a session (and its pool) opens on first use only
         self._transports: dict[RequestKind, HttpTransport] = {
             kind: HttpTransport(
-                f"{base}/{path}",
-                headers=headers,
+                url,
+                headers=sent,
                 connect_timeout_s=route.connect_timeout_s,
                 max_connections=route.max_connections,
-                failure_of=openai_failure,
+                failure_of=failure_of or openai_failure,
                 request_id_header="x-request-id",
             )
-            for kind, path in _PATHS
+            for kind, url in urls.items()
         }
 
     async def complete(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> UpstreamResult:
         transport = self._transports[kind]
+        limit = answer_limit(body, self._max_answer)
         payload, headers = await transport.post(
-            _encode(body), timeout=timeout, headers=_attempt_headers()
+            _encode(body), timeout=timeout, limit=limit, headers=_attempt_headers()
         )
         request_id = transport.request_id(headers)
         try:
@@ -75,7 +98,7 @@ class OpenAIProvider:
             raise AttemptFailed(
                 "protocol", 200, provider_request_id=request_id, detail=str(exc)
             ) from exc
-        return UpstreamResult(200, payload, summary, request_id or summary.id)
+        return UpstreamResult(200, payload, summary, request_id or transport.scrub_id(summary.id))
 
     @asynccontextmanager
     async def stream(
@@ -86,7 +109,8 @@ class OpenAIProvider:
             _encode(body), timeout=timeout, headers=_attempt_headers()
         ) as resp:
             request_id = transport.request_id(resp.headers)
-            yield request_id, _events(resp, request_id)
+            limit = answer_limit(body, self._max_answer)
+            yield request_id, _events(resp, request_id, limit, transport.scrub_bytes)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
@@ -100,29 +124,21 @@ def _attempt_headers() -> dict[str, str] | None:
     return {"X-Client-Request-Id": client_id} if client_id else None
 
 
-def _headers(route: Route, route_id: str) -> dict[str, str]:
-    headers = {**route.headers, "Content-Type": "application/json"}
-    key = os.environ.get(route.api_key_env) if route.api_key_env else None
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    elif route.api_key_env:
-        log.warning(
-            "route %s: %s is not set; requests go upstream without a credential",
-            route_id,
-            route.api_key_env,
-        )
-    return headers
-
-
 async def _events(
-    resp: aiohttp.ClientResponse, request_id: str | None
+    resp: aiohttp.ClientResponse,
+    request_id: str | None,
+    limit: int,
+    scrub: Callable[[bytes], bytes],
 ) -> AsyncIterator[StreamEvent]:
     """The body's events, read in chunks (``iter_events`` splits the lines, so a long
-    event line is no aiohttp ``LineTooLong``); a failure carries the request id, which
-    a stream whose first event fails would otherwise lose."""
+    event line is no aiohttp ``LineTooLong``), at most ``limit`` bytes in all; a failure
+    carries the request id, which a stream whose first event fails would otherwise lose."""
     with mapped(partial=True, provider_request_id=request_id):
         try:
-            async for event in iter_events(resp.content.iter_any()):
+            async for event in iter_events(bounded(resp.content.iter_any(), limit)):
+                raw = scrub(event.raw)  # the route's secrets, should the upstream echo them
+                if raw is not event.raw:
+                    event = msgspec.structs.replace(event, raw=raw, data=scrub(event.data))
                 yield event
         except MalformedEvent as exc:
             raise AttemptFailed("protocol", 200, detail=str(exc), partial=True) from exc

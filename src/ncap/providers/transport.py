@@ -5,24 +5,106 @@ context manager, ``mapped``, where they enter (``raise … from exc``).
 A provider gives the URL, its headers and ``failure_of``, which turns a non-200 answer
 into an ``AttemptFailed`` carrying that upstream's own error, normalized. Everything
 about the upstream's wire shapes stays in the provider.
+
+Redirects are never followed: the request carries the route's credential and the
+client's prompt, and a 3xx would re-send both to whatever origin the upstream names
+(aiohttp drops only ``Authorization`` and ``Cookie`` on a cross-origin hop, not an
+``x-goog-api-key`` or a route's own headers). A 3xx is the attempt's failure, whatever
+provider, before its ``failure_of`` reads it (``redirect_refused``).
+
+An upstream's words are untrusted: every failure ``failure_of`` builds is scrubbed of
+the route's own secrets (the credential and header values this transport sends) before
+the lifecycle relays it or the ledger stores its request id (``scrub``), and request ids
+are bounded in length and alphabet (``ncap.redact``).
+
+An answer is read up to a bound (``answer_limit``: the route's ``max_answer_bytes``, else
+``ANSWER_BASE_BYTES`` plus ``ANSWER_BYTES_PER_TOKEN`` for each token the request allows,
+``n`` × its output ceiling), counted after decompression, whole or streamed: past it the
+attempt fails (kind ``oversized``, the client's 502) instead of growing the gateway's
+memory with whatever the upstream sends. An error answer is read up to 64 KiB only.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import aiohttp
 
-from ncap.providers.base import AttemptFailed
+from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
+from ncap.redact import Redactor
 
-__all__ = ["FailureOf", "HttpTransport", "mapped", "parse_retry_after"]
+__all__ = [
+    "ANSWER_BASE_BYTES",
+    "ANSWER_BYTES_PER_TOKEN",
+    "FailureOf",
+    "HttpTransport",
+    "answer_limit",
+    "bounded",
+    "mapped",
+    "parse_retry_after",
+    "redirect_refused",
+]
 
 FailureOf = Callable[[int, Mapping[str, str], bytes], AttemptFailed]
 """(status, response headers, body) of a non-200 answer → the attempt's failure."""
 
 _MAX_ERROR_BODY = 65536
+# an answer's bound: the envelope, plus per token allowed (a streamed chunk with 20
+# top logprobs is about 1.6 KB of JSON per token; 4 KiB leaves room for escapes)
+ANSWER_BASE_BYTES = 1 << 20
+ANSWER_BYTES_PER_TOKEN = 4096
+_CEILING_UNKNOWN = 4096  # a body without an output ceiling (the lifecycle always sends one)
+
+
+def answer_limit(body: Mapping[str, Any], fixed: int | None = None) -> int:
+    """The most bytes an answer to ``body`` may have: ``fixed`` (the route's, or the
+    global ``limits.max_upstream_answer_bytes``) when set, else derived from ``n`` (or
+    ``best_of``) × the output ceiling the body sends."""
+    if fixed is not None:
+        return fixed
+    n = max(_count(body.get("n")), _count(body.get("best_of")))
+    ceiling = body.get("max_completion_tokens") or body.get("max_tokens")
+    tokens = ceiling if isinstance(ceiling, int) and ceiling > 0 else _CEILING_UNKNOWN
+    return ANSWER_BASE_BYTES + n * tokens * ANSWER_BYTES_PER_TOKEN
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def oversized(limit: int, *, partial: bool = False) -> AttemptFailed:
+    return AttemptFailed("oversized", 200, detail=f"more than {limit} bytes", partial=partial)
+
+
+async def bounded(chunks: AsyncIterable[bytes], limit: int) -> AsyncIterator[bytes]:
+    """``chunks`` (a streamed body's lines or pieces) until ``limit`` bytes were read;
+    past it the attempt fails (``partial``: something was read, maybe relayed)."""
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise oversized(limit, partial=True)
+        yield chunk
+
+
+async def _read(resp: aiohttp.ClientResponse, limit: int, *, cut: bool = False) -> bytes:
+    """The body, at most ``limit`` bytes: past it, ``cut`` keeps the first ``limit``
+    (an error body, only ever read in part), else the attempt fails."""
+    if not cut and resp.content_length is not None and resp.content_length > limit:
+        raise oversized(limit)  # said so up front (before decompression): not read at all
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            if cut:
+                break
+            raise oversized(limit)
+    return b"".join(parts)[:limit] if cut else b"".join(parts)
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -59,6 +141,9 @@ class HttpTransport:
         self._connect_timeout = connect_timeout_s
         self._limit = max_connections
         self._failure_of = failure_of
+        self._redactor = Redactor(
+            v for k, v in self._headers.items() if k.lower() != "content-type"
+        )
         self._session: aiohttp.ClientSession | None = None
         self._whole_timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
@@ -81,9 +166,11 @@ class HttpTransport:
         *,
         timeout: float,
         url: str | None = None,
+        limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> tuple[bytes, Mapping[str, str]]:
-        """The 200 answer's body and headers; any other status raises ``failure_of``'s."""
+        """The 200 answer's body (at most ``limit`` bytes) and headers; any other status
+        raises ``failure_of``'s."""
         client_timeout = self._whole_timeouts.get(timeout)
         if client_timeout is None:  # one per distinct attempt timeout (config values)
             client_timeout = aiohttp.ClientTimeout(
@@ -96,12 +183,16 @@ class HttpTransport:
         rid = None
         try:
             target = url or self.url
-            post = self._client().post(target, data=data, timeout=client_timeout, headers=headers)
-            async with post as resp:
+            async with self._client().post(
+                target, data=data, timeout=client_timeout, allow_redirects=False, headers=headers
+            ) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
                 rid = self.request_id(resp.headers)
-                payload = await resp.read()
+                if resp.status == 200:
+                    payload = await _read(resp, limit or ANSWER_BASE_BYTES)
+                else:
+                    payload = await _read(resp, _MAX_ERROR_BODY, cut=True)
         except Exception as exc:
             failure = _failure_from(exc, partial=False, provider_request_id=rid)
             if failure is None or failure is exc:
@@ -109,7 +200,7 @@ class HttpTransport:
             raise failure from exc
         if resp.status != 200:
             raise self._failure(resp, payload)
-        return payload, resp.headers
+        return self._redactor.bytes(payload), resp.headers
 
     @asynccontextmanager
     async def open(
@@ -130,29 +221,67 @@ class HttpTransport:
         with mapped():
             resp = await asyncio.wait_for(
                 self._client().post(
-                    url or self.url, data=data, timeout=client_timeout, headers=headers
+                    url or self.url,
+                    data=data,
+                    timeout=client_timeout,
+                    allow_redirects=False,
+                    headers=headers,
                 ),
                 timeout,
             )
         try:
             if resp.status != 200:
                 with mapped():
-                    payload = await resp.read()
+                    payload = await _read(resp, _MAX_ERROR_BODY, cut=True)
                 raise self._failure(resp, payload)
             yield resp
         finally:
             resp.close()
 
     def request_id(self, headers: Mapping[str, str]) -> str | None:
-        """The upstream's id of this request, from the header the provider named."""
-        return headers.get(self._request_id_header) if self._request_id_header else None
+        """The upstream's id of this request, from the header the provider named
+        (bounded, and never one that names the route's secrets)."""
+        if not self._request_id_header:
+            return None
+        return self._redactor.request_id(headers.get(self._request_id_header))
+
+    def scrub_bytes(self, data: bytes) -> bytes:
+        """An answer's bytes (whole, or one streamed event) without the route's secrets."""
+        return self._redactor.bytes(data)
+
+    def scrub_id(self, value: str | None) -> str | None:
+        """Any id the upstream sent (a body's ``id``, Gemini's ``responseId``), bounded."""
+        return self._redactor.request_id(value)
+
+    def scrub(self, failure: AttemptFailed) -> AttemptFailed:
+        """``failure`` without the route's secrets in anything relayed or stored."""
+        red = self._redactor
+        if failure.error is not None:
+            err = failure.error
+            failure.error = UpstreamErrorDetail(
+                red.text(err.message), code=red.optional(err.code), param=red.optional(err.param)
+            )
+        failure.detail = red.text(failure.detail)
+        failure.provider_request_id = red.request_id(failure.provider_request_id)
+        return failure
 
     def _failure(self, resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
-        return self._failure_of(resp.status, resp.headers, payload[:_MAX_ERROR_BODY])
+        if 300 <= resp.status < 400:
+            return redirect_refused(resp.status, self.request_id(resp.headers))
+        return self.scrub(self._failure_of(resp.status, resp.headers, payload))
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def redirect_refused(status: int, provider_request_id: str | None = None) -> AttemptFailed:
+    """A 3xx answer, not followed: the upstream generated nothing here (the failure
+    table says the route's own retry would be redirected again, and another route of
+    the chain may serve)."""
+    return AttemptFailed(
+        "status", status, provider_request_id=provider_request_id, detail="redirect not followed"
+    )
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from ncap.reports.model import (
     Window,
     report_dict,
 )
-from ncap.reports.render import render_html, render_json, render_tables
+from ncap.reports.render import render_html, render_json, render_tables, render_tsv
 from ncap.reports.source import (
     LedgerSource,
     PostgresSource,
@@ -63,6 +63,7 @@ __all__ = [
     "render_html",
     "render_json",
     "render_tables",
+    "render_tsv",
     "report_dict",
     "since_window",
     "source_from_url",

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 
 from ncap.config import ExceptionGrant
+from ncap.domain.money import format_usd
 from ncap.errors import ConfigError
 from ncap.reports.model import Alert, Window
 from ncap.reports.source import LedgerSource, parse_stamp
 
-__all__ = ["admin_exceptions", "budget_alerts", "with_admin_exceptions"]
+__all__ = ["admin_exceptions", "budget_alerts", "revoked_exceptions", "with_admin_exceptions"]
 
 _WINDOW_NAMES = {"day": "day budget", "month": "month budget", "exception": "lifetime budget"}
 
@@ -53,7 +55,7 @@ def _alert(
         code=f"budget_{scope}_{pct}",
         message=(
             f"{who} {subject} reached {pct}% of its {_WINDOW_NAMES.get(scope, scope)}"
-            f" ({period}): USD {spent / 1e6:.2f} of {limit / 1e6:.2f}, at {when}{note}"
+            f" ({period}): {format_usd(spent)} of {format_usd(limit)}, at {when}{note}"
         ),
         value=round(spent / limit, 4) if limit else None,
         threshold=pct / 100,
@@ -68,6 +70,25 @@ def admin_exceptions(source: LedgerSource) -> list[ExceptionGrant]:
     except ConfigError:
         return []
     return [ExceptionGrant.model_validate(json.loads(body)) for (body,) in rows]
+
+
+def revoked_exceptions(source: LedgerSource) -> dict[str, datetime]:
+    """When each revoked exception was revoked (the admin API's own entries and the
+    config's alike: a revocation of a config entry is a row without a body)."""
+    sql = (
+        "SELECT id, revoked_at FROM admin_grants"
+        " WHERE kind = 'exception' AND revoked_at IS NOT NULL"
+    )
+    try:
+        rows = source.query(sql)
+    except ConfigError:
+        return {}
+    out = {}
+    for ident, at in rows:
+        stamp = parse_stamp(at)
+        if stamp is not None:
+            out[str(ident)] = stamp
+    return out
 
 
 def with_admin_exceptions(

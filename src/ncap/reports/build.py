@@ -71,24 +71,31 @@ SELECT workload_id, route_id, upstream_model, requested_candidate_count, excepti
        COALESCE(SUM(CASE WHEN output_tokens_total IS NOT NULL AND returned_candidate_count > 0
                     THEN output_tokens_total ELSE 0 END), 0),
        COALESCE(SUM(CASE WHEN output_tokens_total IS NOT NULL AND returned_candidate_count > 0
-                    THEN returned_candidate_count ELSE 0 END), 0)
+                    THEN returned_candidate_count ELSE 0 END), 0),
+       SUM(CASE WHEN returned_candidate_count > 0 THEN 1 ELSE 0 END)
 FROM {scan}
 WHERE timestamp >= ? AND timestamp < ?
 GROUP BY workload_id, route_id, upstream_model, requested_candidate_count, exception_id,
          policy_result, policy_reason, state, reconciliation_reason
 """
 
-_REQUESTS_SQL = """
-SELECT workload_id, requested, effective, returned, output, COUNT(*)
+# an attempt that got no answer from its route (or a refusal: ``upstream_status``)
+FAILED_REASONS = "('timeout', 'connection_error', 'upstream_error_after_dispatch', 'gateway_lost')"
+
+_REQUESTS_SQL = f"""
+SELECT workload_id, requested, effective, returned, output, COUNT(*), failed
 FROM (SELECT MIN(workload_id) AS workload_id,
              MAX(requested_candidate_count) AS requested,
              MAX(effective_candidate_count) AS effective,
              SUM(returned_candidate_count) AS returned,
-             SUM(output_tokens_total) AS output
-      FROM {scan}
+             SUM(output_tokens_total) AS output,
+             MAX(CASE WHEN upstream_status IS NOT NULL
+                       OR reconciliation_reason IN {FAILED_REASONS}
+                      THEN 1 ELSE 0 END) AS failed
+      FROM {{scan}}
       WHERE timestamp >= ? AND timestamp < ? AND policy_result = 'allow'
       GROUP BY request_id) AS per_request
-GROUP BY workload_id, requested, effective, returned, output
+GROUP BY workload_id, requested, effective, returned, output, failed
 """
 
 _PREVIOUS_SQL = """
@@ -147,6 +154,7 @@ class _Cell:
     held: int
     choice_output: int
     choices: int
+    answered: int = 0  # attempts that returned choices (a fallback route answers retries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +165,7 @@ class _RequestGroup:
     returned: int | None
     output: int | None
     count: int
+    failed: bool = False  # an attempt failed upstream (an outage, a refusal)
 
 
 def build_report(
@@ -165,6 +174,7 @@ def build_report(
     *,
     kind: Literal["audit", "daily"] = "audit",
     exceptions: Sequence[ExceptionGrant] = (),
+    revoked: Mapping[str, datetime] | None = None,
     thresholds: Thresholds | None = None,
     extra_alerts: Iterable[Alert] = (),
     pricing: Mapping[str, Pricing] | None = None,
@@ -179,7 +189,7 @@ def build_report(
     previous = window.previous()
     cells, groups, before = _scan_windows(source, window, previous, tick)
     tick("exceptions")
-    usage = _exception_usage(source, window, exceptions, cells)
+    usage = _exception_usage(source, window, exceptions, revoked or {})
     tick("pending")
     pending = _pending(source, window)
     output = _output_stats(groups, cells)
@@ -265,6 +275,7 @@ def _cell(row: Sequence[Any]) -> _Cell:
         held=_int(row[14]),
         choice_output=_int(row[15]),
         choices=_int(row[16]),
+        answered=_int(row[17]),
     )
 
 
@@ -276,6 +287,7 @@ def _group(row: Sequence[Any]) -> _RequestGroup:
         returned=_opt(row[3]),
         output=_opt(row[4]),
         count=_int(row[5]),
+        failed=bool(row[6]),
     )
 
 
@@ -319,7 +331,11 @@ def _kinds(g: _RequestGroup) -> list[str]:
         kinds.append("omitted_normalized")
     elif g.requested != g.effective:
         kinds.append("requested_altered")
-    if g.returned is None:
+    if g.failed and not g.returned:
+        # the route failed (a 502 upstream_error to the client): an outage or a refusal,
+        # not a route or gateway defect about the count; listed, not in the mismatch rate
+        kinds.append("upstream_failed")
+    elif g.returned is None:
         kinds.append("none_returned")
     elif g.returned < g.effective:
         kinds.append("fewer_returned")
@@ -387,18 +403,27 @@ def _stats(key: str, histogram: Mapping[int, int], out: int, choices: int) -> Ou
 
 
 def _exception_usage(
-    source: LedgerSource, window: Window, grants: Sequence[ExceptionGrant], cells: list[_Cell]
+    source: LedgerSource,
+    window: Window,
+    grants: Sequence[ExceptionGrant],
+    revoked: Mapping[str, datetime],
 ) -> list[ExceptionUsage]:
     start, end = source.stamp(window.start), source.stamp(window.end)
     sql = _EXCEPTIONS_SQL.format(scan=source.exception_scan())
     rows = {row[0]: row for row in source.query(sql, (start, end))}
-    usage = [_grant_usage(source, window, g, rows.pop(g.id, None)) for g in grants]
+    usage = [
+        _grant_usage(source, window, g, rows.pop(g.id, None), revoked.get(g.id)) for g in grants
+    ]
     usage += [_unknown_usage(eid, row) for eid, row in sorted(rows.items())]
     return usage
 
 
 def _grant_usage(
-    source: LedgerSource, window: Window, grant: ExceptionGrant, row: Sequence[Any] | None
+    source: LedgerSource,
+    window: Window,
+    grant: ExceptionGrant,
+    row: Sequence[Any] | None,
+    revoked_at: datetime | None,
 ) -> ExceptionUsage:
     spent, held = (_int(row[3]), _int(row[4])) if row else (0, 0)
     budget = micros_from_usd(grant.budget_usd)
@@ -414,7 +439,7 @@ def _grant_usage(
         max_candidates=grant.max_candidates,
         budget_micros=budget,
         expires=grant.expires,
-        status="expired" if grant.expires <= window.end else "active",
+        status=_status(grant, window, revoked_at),
         requests_window=_int(row[2]) if row else 0,
         requests_total=_int(row[1]) if row else 0,
         spent_micros=spent,
@@ -422,7 +447,18 @@ def _grant_usage(
         used_fraction=round((spent + held) / budget, 6) if budget else None,
         requests_after_expiry=after,
         last_used=parse_stamp(row[5]) if row else None,
+        revoked_at=revoked_at if revoked_at and revoked_at < window.end else None,
     )
+
+
+def _status(
+    grant: ExceptionGrant, window: Window, revoked_at: datetime | None
+) -> Literal["active", "expired", "revoked"]:
+    """At the window's end: revoked (through the admin API) before expired before active;
+    a revocation after the window's end did not apply to it yet."""
+    if revoked_at is not None and revoked_at < window.end:
+        return "revoked"
+    return "expired" if grant.expires <= window.end else "active"
 
 
 def _unknown_usage(exception_id: str, row: Sequence[Any]) -> ExceptionUsage:
@@ -462,7 +498,7 @@ def _pending(source: LedgerSource, window: Window) -> list[PendingRow]:
 
 
 def _spend(cells: list[_Cell], key: Callable[[_Cell], str | None]) -> list[SpendRow]:
-    sums: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    sums: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for c in cells:
         s = sums[key(c)]
         s[0] += c.requests
@@ -470,6 +506,7 @@ def _spend(cells: list[_Cell], key: Callable[[_Cell], str | None]) -> list[Spend
         s[2] += c.cost
         s[3] += c.held
         s[4] += c.output_tokens
+        s[5] += c.answered
     rows = [SpendRow(k, *v) for k, v in sums.items()]
     return sorted(rows, key=lambda r: (-r.cost_micros, r.key or ""))
 

@@ -76,6 +76,7 @@ class MismatchRow:
         "fewer_returned",
         "more_returned",
         "none_returned",
+        "upstream_failed",
     ]
     requests: int
 
@@ -128,7 +129,7 @@ class ExceptionUsage:
     max_candidates: int | None
     budget_micros: int | None
     expires: datetime | None
-    status: Literal["active", "expired", "not_in_config"]
+    status: Literal["active", "expired", "revoked", "not_in_config"]
     requests_window: int
     requests_total: int
     spent_micros: int  # settled + reconciled, over the exception's life
@@ -136,6 +137,7 @@ class ExceptionUsage:
     used_fraction: float | None  # (spent + held) / budget
     requests_after_expiry: int
     last_used: datetime | None
+    revoked_at: datetime | None = None  # revoked through the admin API (status revoked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +159,12 @@ class PendingRow:
 @dataclass(frozen=True, slots=True)
 class SpendRow:
     key: str | None
-    requests: int
+    requests: int  # first attempts: a request counts for the route it started on
     attempts: int
     cost_micros: int
     held_micros: int
     output_tokens: int
+    answered: int = 0  # attempts that returned choices: what a route or model served
 
 
 @dataclass(frozen=True, slots=True)

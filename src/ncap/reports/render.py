@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,9 +20,10 @@ from rich.text import Text
 
 from ncap.domain.money import format_usd
 from ncap.reports.model import Report, report_dict
-from ncap.reports.svg import bar_chart, paired_bar_chart
+from ncap.reports.svg import bar_chart, budget_chart, column_series, paired_bar_chart
+from ncap.reports.timeline import CandidateSpend, Timeline
 
-__all__ = ["render_html", "render_json", "render_tables", "template_environment"]
+__all__ = ["render_html", "render_json", "render_tables", "render_tsv", "template_environment"]
 
 
 def render_json(report: Report) -> str:
@@ -50,26 +52,50 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
 
 
-def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    table = Table(*headers, title=Text(title), title_justify="left", expand=False)
-    for row in rows:
-        table.add_row(*(Text(str(cell)) for cell in row))  # values are data, not markup
-    return table
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One table of the report: a title, its column names and its rows as text."""
+
+    title: str
+    headers: Sequence[str]
+    rows: list[list[str]]
+
+    def rich(self) -> Table:
+        table = Table(*self.headers, title=Text(self.title), title_justify="left", expand=False)
+        for row in self.rows:
+            table.add_row(*(Text(cell) for cell in row))  # values are data, not markup
+        return table
+
+
+def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> Section:
+    return Section(title, headers, [[str(cell) for cell in row] for row in rows])
 
 
 def render_tables(report: Report, console: Console) -> None:
     """Print every section as a rich table (markup in values is not interpreted)."""
     for table in _tables(report):
-        console.print(table)
+        console.print(table.rich())
     console.print(f"report built in {report.elapsed_ms:,.0f} ms", highlight=False)
 
 
-def _tables(r: Report) -> list[Table]:
+def render_tsv(report: Report) -> str:
+    """Every section as tab-separated lines, for a pipe or a file: a ``# title`` line,
+    the column names, the rows (nothing cut to a terminal's width), a blank line."""
+    out: list[str] = []
+    for table in _tables(report):
+        out.append(f"# {table.title}")
+        for row in (table.headers, *table.rows):
+            out.append("\t".join(" ".join(cell.split()) for cell in row))
+        out.append("")
+    return "\n".join(out)
+
+
+def _tables(r: Report) -> list[Section]:
     """One table per section, in the order of the HTML page."""
     return [*_overview(r), *_candidates(r), *_money(r)]
 
 
-def _overview(r: Report) -> list[Table]:
+def _overview(r: Report) -> list[Section]:
     t = r.totals
     totals = [
         t.requests,
@@ -92,7 +118,7 @@ def _overview(r: Report) -> list[Table]:
     return [head, alerts]
 
 
-def _candidates(r: Report) -> list[Table]:
+def _candidates(r: Report) -> list[Section]:
     return [
         _table(
             "requested-candidate distribution",
@@ -178,7 +204,7 @@ _EXCEPTION_HEADERS = [
 ]
 
 
-def _money(r: Report) -> list[Table]:
+def _money(r: Report) -> list[Section]:
     pend = r.pending_total
     exceptions = _table(
         "exceptions",
@@ -218,11 +244,12 @@ def _money(r: Report) -> list[Table]:
     spend = [
         _table(
             f"spend by {name}",
-            [name, "requests", "attempts", "spend", "held", "output tokens"],
+            [name, "requests started", "answered", "attempts", "spend", "held", "output tokens"],
             [
                 [
                     s.key or "–",
                     _n(s.requests),
+                    _n(s.answered),
                     _n(s.attempts),
                     _usd(s.cost_micros),
                     _usd(s.held_micros),
@@ -241,7 +268,9 @@ def template_environment() -> Environment:
         loader=PackageLoader("ncap.reports", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
     )
-    env.filters.update(n=_n, usd=_usd, when=_when, req=_req, pct=_pct)
+    env.filters.update(
+        n=_n, usd=_usd, when=_when, req=_req, pct=_pct, chg=_chg, money=_chart_usd, cnt=_plain_count
+    )
     return env
 
 
@@ -308,7 +337,103 @@ def _sum_by(pairs: Iterable[tuple[str, int]]) -> list[tuple[str, float]]:
     return sorted(((k, float(v)) for k, v in sums.items()), key=lambda kv: -kv[1])
 
 
-def render_html(report: Report, *, dashboard: dict[str, Any] | None = None) -> str:
-    """One self-contained page; ``dashboard`` adds the window picker and sign-out."""
+def render_html(
+    report: Report, *, dashboard: dict[str, Any] | None = None, timeline: Timeline | None = None
+) -> str:
+    """One self-contained page; ``dashboard`` adds the window picker and sign-out,
+    ``timeline`` the time views (series, changes, budgets, pending by route)."""
     template = template_environment().get_template("report.html")
-    return template.render(r=report, charts=charts(report), dashboard=dashboard)
+    return template.render(
+        r=report,
+        charts=charts(report),
+        dashboard=dashboard,
+        t=timeline,
+        tc=timeline_charts(timeline) if timeline else None,
+    )
+
+
+def _chart_usd(v: float) -> str:
+    """Micro-USD for a chart: cents from a dollar up, four decimals below."""
+    usd = v / 1e6
+    return f"${usd:,.2f}" if usd >= 1 else f"${usd:.4f}"
+
+
+def _chg(value: float | None) -> str:
+    return "new" if value is None else f"{value:+.0%}"
+
+
+def timeline_charts(t: Timeline) -> dict[str, Any]:
+    """Small multiples (one column chart per workload) for each metric, the budgets,
+    the spend by candidate count and the pending rows by workload and route."""
+    out: dict[str, Any] = {}
+    for metric in ("requests", "denials", "spend"):
+        fmt = _chart_usd if metric == "spend" else _plain_count
+        out[metric] = [
+            {
+                "workload": s.workload_id,
+                "series": s,
+                "chart": column_series(
+                    f"series-{metric}-{i}",
+                    f"{metric} of {s.workload_id}",
+                    [(p.bucket, p.value, p.previous, p.flagged) for p in s.points],
+                    fmt=fmt,
+                    width=440,
+                ),
+            }
+            for i, s in enumerate(x for x in t.series if x.metric == metric)
+        ]
+    out["budgets"] = budget_chart(
+        "chart-budgets",
+        "budget limits against spend and holds",
+        [
+            (
+                f"{b.workload_id} · {b.window} {b.period}",
+                b.spent_micros,
+                b.held_micros,
+                b.limit_micros,
+                b.status,
+            )
+            for b in t.budgets
+        ],
+    )
+    out["budget_days"] = [
+        {
+            "budget": b,
+            "chart": column_series(
+                f"budget-days-{i}",
+                f"daily spend and holds of {b.workload_id} against its day budget",
+                [
+                    (d, float(spent + held), 0.0, spent + held >= b.limit_micros)
+                    for d, spent, held in b.days
+                ],
+                fmt=_chart_usd,
+                width=440,
+                limit=float(b.limit_micros),
+                previous=False,
+            ),
+        }
+        for i, b in enumerate(x for x in t.budgets if x.days)
+    ]
+    out["by_candidates"] = paired_bar_chart(
+        "chart-by-candidates",
+        "spend by requested candidate count (share of spend)",
+        _shares(t.by_candidates),
+    )
+    out["pending"] = bar_chart(
+        "chart-pending-by-route",
+        "pending reconciliation by workload and route",
+        [(f"{c.workload_id} · {c.route_id or '–'}", float(c.count)) for c in t.pending],
+    )
+    return out
+
+
+def _plain_count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def _shares(rows: Sequence[CandidateSpend]) -> list[tuple[str, float, float]]:
+    now = sum(r.spend_micros for r in rows) or 1
+    before = sum(r.previous_spend_micros for r in rows) or 1
+    return [
+        (f"n={r.requested}", r.spend_micros / now, r.previous_spend_micros / before) for r in rows
+    ]

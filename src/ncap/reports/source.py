@@ -52,6 +52,11 @@ class LedgerSource(Protocol):
         """The ``FROM`` target for queries over the rows that name an exception."""
         ...
 
+    def bucket(self, hourly: bool) -> str:
+        """An SQL expression: the row's UTC hour (``2026-12-01T14``) or day
+        (``2026-12-01``) as text, the one date function the time views need."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -100,6 +105,9 @@ class SQLiteSource:
         if found:
             return f"ledger_events INDEXED BY {EXCEPTION_INDEX}"
         return "ledger_events NOT INDEXED"
+
+    def bucket(self, hourly: bool) -> str:
+        return _text_bucket(hourly)  # stamps are fixed-width UTC text
 
     def close(self) -> None:
         self._conn.close()
@@ -151,9 +159,19 @@ class PostgresSource:
     def exception_scan(self) -> str:
         return "ledger_events"
 
+    def bucket(self, hourly: bool) -> str:
+        if self._text_stamps:
+            return _text_bucket(hourly)
+        fmt = 'YYYY-MM-DD"T"HH24' if hourly else "YYYY-MM-DD"
+        return f"to_char(timestamp AT TIME ZONE 'UTC', '{fmt}')"
+
     def close(self) -> None:
         self._loop.run_until_complete(self._conn.close())
         self._loop.close()
+
+
+def _text_bucket(hourly: bool) -> str:
+    return f"substr(timestamp, 1, {13 if hourly else 10})"
 
 
 def _numbered(sql: str) -> str:

@@ -47,7 +47,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("ncap.admin")
-Kind = Literal["exception", "key"]
+# "session": the dashboard's sign-out, which ends every browser session signed in
+# before it; only an audit row (the latest one's instant is read back by ``changes``)
+Kind = Literal["exception", "key", "session"]
 Action = Literal["create", "revoke"]
 T = TypeVar("T")
 
@@ -66,6 +68,9 @@ class AdminChange:
     kind: Kind
     target: str
     entry: ExceptionGrant | KeyEntry | None = None
+    # the name the request gave for whoever made it (``X-Ncap-Actor``): not verified,
+    # so kept in the audit's detail beside the entry, never as its actor
+    claimed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,7 @@ class BudgetAlertRow:
     fired_at: datetime
     spent_micros: int
     limit_micros: int
+    workload: str | None = None  # whose budget (for logs; not stored)
 
 
 class AdminStore(Protocol):
@@ -110,8 +116,16 @@ class AdminStore(Protocol):
     async def close(self) -> None: ...
 
 
-def _detail(entry: ExceptionGrant | KeyEntry | None) -> dict[str, Any]:
+def _entry(entry: ExceptionGrant | KeyEntry | None) -> dict[str, Any]:
     return entry.model_dump(mode="json") if entry is not None else {}
+
+
+def _detail(change: AdminChange) -> dict[str, Any]:
+    """The audit row's detail: the entry, and the name the request claimed, if any."""
+    detail = _entry(change.entry)
+    if change.claimed_by is not None:
+        detail["claimed_actor"] = change.claimed_by
+    return detail
 
 
 class MemoryAdminStore:
@@ -124,17 +138,21 @@ class MemoryAdminStore:
         self._alerts: set[tuple[str, str, str, int]] = set()
 
     async def changes(self) -> GrantChanges:
+        ended = [e.at for e in self._audit if e.kind == "session"]
         return _changes(
             [(k, i, b, (k, i) in self._revoked) for (k, i), b in self._rows.items()],
             self._revoked,
+            max(ended, default=None),
         )
 
     async def record(self, change: AdminChange, at: datetime) -> None:
         key = (change.kind, change.target)
-        if change.action == "create":
+        if change.kind == "session":
+            pass
+        elif change.action == "create":
             if key in self._rows:
                 raise DuplicateGrant(change.target)
-            self._rows[key] = _detail(change.entry)
+            self._rows[key] = _entry(change.entry)
         else:
             self._rows.setdefault(key, None)
             self._revoked.add(key)
@@ -146,7 +164,7 @@ class MemoryAdminStore:
                 change.action,
                 change.kind,
                 change.target,
-                _detail(change.entry),
+                _detail(change),
             )
         )
 
@@ -212,18 +230,23 @@ class SQLiteAdminStore:
                 " ORDER BY created_at"
             ).fetchall()
             parsed = [(k, i, json.loads(b) if b else None, bool(r)) for k, i, b, r in rows]
-            return _changes(parsed, {(k, i) for k, i, _, r in parsed if r})
+            (ended,) = conn.execute(
+                "SELECT max(at) FROM admin_audit WHERE kind = 'session'"
+            ).fetchone()
+            ended_at = datetime.fromisoformat(ended) if ended else None
+            return _changes(parsed, {(k, i) for k, i, _, r in parsed if r}, ended_at)
 
         return await self._run(read)
 
     async def record(self, change: AdminChange, at: datetime) -> None:
         stamp = _stamp(at)
-        detail = json.dumps(_detail(change.entry), sort_keys=True)
+        body = json.dumps(_entry(change.entry), sort_keys=True)
+        detail = json.dumps(_detail(change), sort_keys=True)
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                _write_grant(conn, change, detail, stamp)
+                _write_grant(conn, change, body, stamp)
                 conn.execute(
                     "INSERT INTO admin_audit (at, actor, action, kind, target, detail)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
@@ -307,14 +330,18 @@ class PostgresAdminStore:
             (r["kind"], r["id"], json.loads(r["body"]) if r["body"] else None, r["revoked"])
             for r in rows
         ]
-        return _changes(parsed, {(k, i) for k, i, _, r in parsed if r})
+        ended = await self.pool.fetch(
+            "SELECT max(at) AS at FROM admin_audit WHERE kind = 'session'"
+        )
+        return _changes(parsed, {(k, i) for k, i, _, r in parsed if r}, ended[0]["at"])
 
     async def record(self, change: AdminChange, at: datetime) -> None:
-        detail = json.dumps(_detail(change.entry), sort_keys=True)
+        body = json.dumps(_entry(change.entry), sort_keys=True)
+        detail = json.dumps(_detail(change), sort_keys=True)
         pool = await self.pool.get()
         with mapped("admin"):
             async with pool.acquire() as conn, conn.transaction():
-                await _write_pg_grant(conn, change, detail, at)
+                await _write_pg_grant(conn, change, body, at)
                 await conn.execute(
                     "INSERT INTO admin_audit (at, actor, action, kind, target, detail)"
                     " VALUES ($1, $2, $3, $4, $5, $6)",
@@ -382,6 +409,8 @@ async def _write_pg_grant(
 ) -> None:
     """``_write_grant`` on PostgreSQL. A create that meets the id (committed by any
     replica, or being written by one: the insert waits for it) writes nothing."""
+    if change.kind == "session":
+        return  # a sign-out is its audit row alone
     if change.action == "create":
         created = await conn.fetchval(
             "INSERT INTO admin_grants (kind, id, body, created_at) VALUES ($1, $2, $3, $4)"
@@ -412,6 +441,8 @@ async def _write_pg_grant(
 
 
 def _write_grant(conn: sqlite3.Connection, change: AdminChange, detail: str, stamp: str) -> None:
+    if change.kind == "session":
+        return  # a sign-out is its audit row alone
     if change.action == "create":
         try:
             conn.execute(
@@ -436,10 +467,13 @@ def _write_grant(conn: sqlite3.Connection, change: AdminChange, detail: str, sta
 
 
 def _changes(
-    rows: list[tuple[str, str, dict[str, Any] | None, bool]], revoked: set[tuple[str, str]]
+    rows: list[tuple[str, str, dict[str, Any] | None, bool]],
+    revoked: set[tuple[str, str]],
+    sessions_ended_at: datetime | None = None,
 ) -> GrantChanges:
     live = [(k, b) for k, _, b, r in rows if b and not r]
     return GrantChanges(
+        sessions_ended_at=sessions_ended_at,
         exceptions=tuple(ExceptionGrant.model_validate(b) for k, b in live if k == "exception"),
         keys=tuple(KeyEntry.model_validate(b) for k, b in live if k == "key"),
         revoked_exceptions=frozenset(i for k, i in revoked if k == "exception"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from functools import partial
 from operator import attrgetter
@@ -33,13 +33,14 @@ from ncap.stores._common import (
     encode_per_choice,
 )
 from ncap.stores._migrations import migrations
-from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous
+from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous, connect
 from ncap.stores.admin_schema import SQLITE_DDL
 from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
 
-__all__ = ["SQLiteLedgerStore"]
+__all__ = ["SQLiteLedgerStore", "export_rows"]
 
 EXPORT_PAGE = 1000
+EXPORT_MMAP = 1 << 30
 _json = msgspec.json.Encoder(order="sorted").encode
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -241,6 +242,36 @@ def _insert(conn: sqlite3.Connection, event: LedgerEvent, row: tuple[Any, ...]) 
 
 def _fetch(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[LedgerEvent]:
     return [_decode_row(row) for row in conn.execute(sql, params)]
+
+
+def export_rows(
+    path: Path,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    *,
+    select: str = _COLUMNS,
+) -> Iterator[tuple[Any, ...]]:
+    """The rows oldest first, from one read-only statement: by default the raw columns
+    (``LEDGER_COLUMNS`` order, as stored: text timestamps, JSON finish reasons, 0/1
+    stream mode, comma-separated per-choice tokens), or the caller's ``select`` list
+    over them (``ncap ledger export`` has SQLite build its CSV cells). A large export
+    streams at the speed of SQLite's cursor instead of building an event per row."""
+    conn = connect(path)
+    try:
+        conn.execute("PRAGMA query_only = 1")
+        # pages mapped, not read(2) into a copy: the export touches every page once
+        conn.execute(f"PRAGMA mmap_size = {EXPORT_MMAP}")
+        sql = (
+            f"SELECT {select} FROM ledger_events WHERE timestamp >= ? AND timestamp < ? "
+            "ORDER BY timestamp, request_id, attempt"
+        )
+        start = _ts(since) if since else ""
+        end = _ts(until) if until else "~"  # '~' sorts after every timestamp
+        cursor = conn.execute(sql, (start, end))
+        while rows := cursor.fetchmany(EXPORT_PAGE):
+            yield from rows
+    finally:
+        conn.close()
 
 
 def _export_page(

@@ -24,6 +24,10 @@ parameter; the ``x-fake-*`` header in brackets overrides it.
     ignore_candidates        one choice whatever n says (a provider that ignores n)
     refuse_candidates=MAX    n > MAX (default 1) is a 400 invalid_value on param n,
                              "number must be at most MAX" [x-fake-max-candidates]
+    prompt_cache=S           cache prompts of 1024+ tokens as OpenAI does (automatic,
+                             128-token steps), readable once the writing request's first
+                             byte went out and for S seconds (default 300)
+                             [x-fake-cache-ttl-s]
 
 Other headers: ``x-fake-error-code`` (replace an error's code), ``x-fake-completion-tokens``
 (exact tokens per choice before the ceiling), ``x-fake-cached-tokens``,
@@ -65,6 +69,7 @@ _VALUE_OF: dict[str, str] = {
     "first_chunk_then_pause": "pause_ms",
     "fragmented_stream": "fragment_bytes",
     "refuse_candidates": "max_candidates",
+    "prompt_cache": "cache_ttl_s",
 }
 PROFILES = frozenset(
     {
@@ -92,6 +97,7 @@ _HEADER_OF: dict[str, str] = {
     "pause_ms": "x-fake-pause-ms",
     "fragment_bytes": "x-fake-fragment-bytes",
     "max_candidates": "x-fake-max-candidates",
+    "cache_ttl_s": "x-fake-cache-ttl-s",
 }
 _RATE_LIMITS = ("rate_limit", "slow_down", "rate_limit_exceeded")
 _HTML_502 = (
@@ -137,6 +143,7 @@ class Plan:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     max_candidates: int = 1  # refuse_candidates: the most n accepted
+    cache_ttl_s: float = 300.0  # prompt_cache: how long an entry lives
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +221,7 @@ def resolve_plan(faults: Faults, headers: Mapping[str, str], base_latency_ms: fl
         cached_tokens=_int_header(headers, "x-fake-cached-tokens") or 0,
         reasoning_tokens=_int_header(headers, "x-fake-reasoning-tokens") or 0,
         max_candidates=max(1, int(num("max_candidates", 1.0))),
+        cache_ttl_s=num("cache_ttl_s", 300.0),
     )
 
 

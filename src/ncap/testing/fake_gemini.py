@@ -46,9 +46,20 @@ import msgspec
 from aiohttp import web
 
 from ncap.testing._fake_content import ChoiceText, PromptMessage, choice_text, digest_messages
-from ncap.testing._fake_faults import Faults, Plan, parse_faults, resolve_plan
-from ncap.testing._fake_render import Events
-from ncap.testing.fake_upstream import FakeState, _answer, _runner, _sleep, _stream
+from ncap.testing.fake_kit import (
+    Events,
+    FakeState,
+    Faults,
+    Plan,
+    answer_json,
+    app_runner,
+    parse_faults,
+    request_faults,
+    resolve_plan,
+    sleep_while_connected,
+    stream_events,
+    value_for_schema,
+)
 
 __all__ = [
     "GEMINI_PROFILES",
@@ -120,9 +131,20 @@ class _Config(msgspec.Struct, rename="camel"):
     max_output_tokens: int | None = None
 
 
+class _CallingConfig(msgspec.Struct, rename="camel"):
+    mode: str | None = None
+    allowed_function_names: list[str] = []
+
+
+class _ToolConfig(msgspec.Struct, rename="camel"):
+    function_calling_config: _CallingConfig | None = None
+
+
 class _Request(msgspec.Struct, rename="camel"):
     contents: list[_Content] = []
     system_instruction: _Content | None = None
+    tools: list[dict[str, Any]] = []
+    tool_config: _ToolConfig | None = None
     generation_config: _Config | None = None
 
 
@@ -262,6 +284,24 @@ class _Generation:
     prompt_tokens: int
     cached_tokens: int
     thoughts_tokens: int
+    call: dict[str, Any] | None = None  # the function every candidate calls (mode ANY)
+
+
+def _forced_call(req: _Request) -> dict[str, Any] | None:
+    """With ``functionCallingConfig.mode: ANY`` every candidate calls a function: the
+    first allowed one, its arguments filled from its parameters' schema."""
+    config = req.tool_config.function_calling_config if req.tool_config else None
+    if config is None or config.mode != "ANY":
+        return None
+    declarations = [d for t in req.tools for d in t.get("functionDeclarations") or []]
+    allowed = [d for d in declarations if d.get("name") in config.allowed_function_names]
+    chosen = (allowed or declarations or [None])[0]
+    if chosen is None:
+        return None
+    # protobuf's JSON takes either spelling (the official SDK sends snake_case)
+    names = ("parametersJsonSchema", "parameters_json_schema", "parameters")
+    schema = next((chosen[k] for k in names if chosen.get(k)), None)
+    return {"name": chosen.get("name"), "args": value_for_schema(schema)}
 
 
 def _generate(req: _Request, model: str, plan: Plan, rid: str) -> _Generation:
@@ -291,6 +331,7 @@ def _generate(req: _Request, model: str, plan: Plan, rid: str) -> _Generation:
         prompt_tokens=prompt_tokens,
         cached_tokens=min(plan.cached_tokens, prompt_tokens),
         thoughts_tokens=plan.reasoning_tokens,
+        call=_forced_call(req),
     )
 
 
@@ -318,7 +359,28 @@ def _candidate(index: int, text: str | None, finish: str | None) -> dict[str, An
     return out
 
 
+def _called(gen: _Generation) -> list[dict[str, Any]]:
+    """Every candidate calling the forced function, finished (STOP)."""
+    out = []
+    for i, _ in gen.choices:
+        candidate: dict[str, Any] = {
+            "content": {"parts": [{"functionCall": gen.call}], "role": "model"},
+            "finishReason": "STOP",
+        }
+        if i:
+            candidate["index"] = i
+        out.append(candidate)
+    return out
+
+
 def _body(gen: _Generation, *, with_usage: bool) -> bytes:
+    if gen.call is not None:
+        called: dict[str, Any] = {"candidates": _called(gen)}
+        if with_usage:
+            called["usageMetadata"] = _usage(gen, 5 * len(gen.choices))
+        called["modelVersion"] = gen.model
+        called["responseId"] = gen.response_id
+        return _ENCODE(called)
     candidates = [
         _candidate(i, c.content, _FINISH[c.finish_reason])
         if c is not None
@@ -348,7 +410,10 @@ def _blocked(gen: _Generation, reason: str) -> bytes:
 
 def _events(gen: _Generation, *, with_usage: bool) -> Events:
     """One event per step carrying every candidate that moved: its next piece, and its
-    finishReason with its last piece (a blocked candidate finishes at step 0)."""
+    finishReason with its last piece (a blocked candidate finishes at step 0); a forced
+    function call is one event."""
+    if gen.call is not None:
+        return Events([b"data: " + _body(gen, with_usage=with_usage) + b"\r\n\r\n"], 0, 0)
     steps = max((len(c.pieces) for _, c in gen.choices if c is not None), default=0)
     data: list[bytes] = []
     first_finish = -1
@@ -381,15 +446,7 @@ def _events(gen: _Generation, *, with_usage: bool) -> Events:
 
 
 def _plan(state: GeminiFakeState, headers: Mapping[str, str]) -> tuple[Plan, Faults]:
-    spec = headers.get("x-fake-fault")
-    faults = state.faults if spec is None else parse_gemini_faults(spec)
-    if spec is None and "x-fake-latency-ms" in headers:
-        faults = Faults(faults.names | {"latency"}, faults.values)
-    times = headers.get("x-fake-fail-times")
-    if times is not None and state.by_key.get(headers.get("x-fake-fail-key", "default"), 0) > int(
-        times
-    ):
-        faults = Faults()
+    faults = request_faults(state, headers, parse_gemini_faults)
     return resolve_plan(faults, headers, state.base_latency_ms), faults
 
 
@@ -442,13 +499,13 @@ async def _serve(
         blocked = _blocked(gen, faults.values.get("blocked_prompt", "SAFETY"))
         if stream:
             event = Events([b"data: " + blocked + b"\r\n\r\n"], 0, 0)
-            return await _stream(request, state, plan, rid, event)
-        return await _answer(request, plan, rid, blocked)
+            return await stream_events(request, state, plan, rid, event)
+        return await answer_json(request, plan, rid, blocked)
     if stream:
         usage = plan.names.isdisjoint(("missing_usage", "stream_no_usage"))
-        return await _stream(request, state, plan, rid, _events(gen, with_usage=usage))
+        return await stream_events(request, state, plan, rid, _events(gen, with_usage=usage))
     with_usage = "missing_usage" not in plan.names
-    return await _answer(request, plan, rid, _body(gen, with_usage=with_usage))
+    return await answer_json(request, plan, rid, _body(gen, with_usage=with_usage))
 
 
 async def _before_answer(
@@ -457,7 +514,7 @@ async def _before_answer(
     """Latency, then a hang (``timeout``) or a fault's error reply."""
     hang = plan.timeout_s if "timeout" in plan.names else 0.0
     wait = plan.latency_ms / 1000 + hang
-    if wait > 0 and not await _sleep(request, wait):
+    if wait > 0 and not await sleep_while_connected(request, wait):
         state.disconnects += 1
         return web.Response(status=499)
     if hang > 0:
@@ -512,7 +569,7 @@ async def running_fake_gemini(
 ) -> AsyncIterator[FakeGemini]:
     """Serve the fake on an ephemeral port of ``host`` for the duration of the block."""
     app = create_gemini_app(profile, latency_ms, api_key)
-    runner = _runner(app, shutdown_timeout=0.5)
+    runner = app_runner(app, shutdown_timeout=0.5)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, 0).start()
@@ -523,7 +580,7 @@ async def running_fake_gemini(
 
 
 async def _serve_forever(host: str, port: int, app: web.Application) -> None:
-    runner = _runner(app, shutdown_timeout=1.0)
+    runner = app_runner(app, shutdown_timeout=1.0)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

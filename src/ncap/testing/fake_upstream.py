@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 import signal
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -40,7 +38,6 @@ from ncap.testing._fake_content import (
     prompt_strings,
 )
 from ncap.testing._fake_faults import (
-    Faults,
     Plan,
     candidates_refusal,
     error_reply,
@@ -49,7 +46,6 @@ from ncap.testing._fake_faults import (
 )
 from ncap.testing._fake_render import (
     SERIAL_MARK,
-    Events,
     Generation,
     Template,
     UsageMode,
@@ -57,6 +53,15 @@ from ncap.testing._fake_render import (
     chat_events,
     text_body,
     text_events,
+)
+from ncap.testing.fake_kit import (
+    MIN_CACHE_TOKENS,
+    FakeState,
+    answer_json,
+    app_runner,
+    request_faults,
+    sleep_while_connected,
+    stream_events,
 )
 
 __all__ = [
@@ -110,71 +115,6 @@ _DECODE_CHAT = msgspec.json.Decoder(_ChatRequest).decode
 _DECODE_TEXT = msgspec.json.Decoder(_TextRequest).decode
 
 
-class FakeState:
-    """What one fake instance saw, and its per-key fail counters (kept on the app)."""
-
-    def __init__(self, faults: Faults, latency_ms: float) -> None:
-        self.faults = faults
-        self.base_latency_ms = latency_ms
-        self.default_plan = resolve_plan(faults, {}, latency_ms)
-        self.instance = secrets.token_hex(4)
-        self.serial = 0  # ids stay unique across resets
-        self.in_flight = 0
-        self.reset()
-
-    def reset(self) -> None:
-        self.requests = 0
-        self.by_endpoint: dict[str, int] = {}
-        self.by_key: dict[str, int] = {}
-        self.last_headers: Mapping[str, str] | None = None
-        # X-Client-Request-Id of every request, as a provider's usage records keep it
-        self.client_request_ids: list[str] = []
-        self.recent_bodies: deque[bytes] = deque(maxlen=_RECENT_BODIES)
-        self.max_in_flight = self.in_flight
-        self.disconnects = 0
-
-    def record(self, endpoint: str, headers: Mapping[str, str], body: bytes) -> str:
-        """Count one request; returns its provider request id."""
-        self.serial += 1
-        self.requests += 1
-        self.by_endpoint[endpoint] = self.by_endpoint.get(endpoint, 0) + 1
-        key = headers.get("x-fake-fail-key")
-        if key is None and "x-fake-fail-times" in headers:
-            key = "default"
-        if key is not None:
-            self.by_key[key] = self.by_key.get(key, 0) + 1
-        self.last_headers = headers
-        client_id = headers.get("X-Client-Request-Id")
-        if client_id is not None:
-            self.client_request_ids.append(client_id)
-        self.recent_bodies.append(body)
-        return f"req_fake_{self.instance}_{self.serial}"
-
-    def stats(self) -> dict[str, Any]:
-        headers = self.last_headers or {}
-        seen = {"Authorization": headers.get("Authorization")}
-        seen.update((k.lower(), v) for k, v in headers.items() if k.lower() != "authorization")
-        bodies = [_decode_body(body) for body in self.recent_bodies]
-        return {
-            "requests": self.requests,
-            "by_endpoint": dict(self.by_endpoint),
-            "by_key": dict(self.by_key),
-            "in_flight": self.in_flight,
-            "max_in_flight": self.max_in_flight,
-            "disconnects": self.disconnects,
-            "last_headers_seen": seen,
-            "last_body": bodies[-1] if bodies else None,
-            "recent_bodies": bodies,
-        }
-
-
-def _decode_body(body: bytes) -> Any:
-    try:
-        return msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return body.decode("utf-8", "replace")
-
-
 STATE = web.AppKey("ncap_fake_state", FakeState)
 
 # --- request plumbing ---
@@ -185,25 +125,10 @@ def _has_fake_headers(headers: Mapping[str, str]) -> bool:
     return "x-fake-" in ",".join(headers).lower()
 
 
-def _request_faults(state: FakeState, headers: Mapping[str, str]) -> Faults:
-    """The process profile, replaced by ``x-fake-fault``; empty once the key's fail
-    budget (``x-fake-fail-times``) is spent."""
-    spec = headers.get("x-fake-fault")
-    faults = state.faults if spec is None else parse_faults(spec)
-    if spec is None and "x-fake-latency-ms" in headers:
-        faults = Faults(faults.names | {"latency"}, faults.values)
-    times = headers.get("x-fake-fail-times")
-    if times is not None:
-        key = headers.get("x-fake-fail-key", "default")
-        if state.by_key.get(key, 0) > int(times):
-            return Faults()
-    return faults
-
-
 def _plan(state: FakeState, headers: Mapping[str, str]) -> Plan:
     if not _has_fake_headers(headers):
         return state.default_plan
-    return resolve_plan(_request_faults(state, headers), headers, state.base_latency_ms)
+    return resolve_plan(request_faults(state, headers), headers, state.base_latency_ms)
 
 
 def _json(status: int, body: bytes, rid: str) -> web.Response:
@@ -242,28 +167,13 @@ def _usage_mode(plan: Plan, options: _StreamOptions | None) -> UsageMode:
     return "with_choices" if "usage_with_choices" in plan.names else "separate"
 
 
-async def _sleep(request: web.Request, seconds: float) -> bool:
-    """Sleep in short slices while the client stays connected; False once it left.
-    Works without aiohttp's handler cancellation (tests may run the app without it)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            return False
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return True
-        await asyncio.sleep(min(remaining, 0.1))
-
-
 async def _before_answer(
     request: web.Request, state: FakeState, plan: Plan, rid: str
 ) -> web.Response | None:
     """Latency, then a hang (``timeout``) or an error reply, if the plan has one."""
     hang = plan.timeout_s if "timeout" in plan.names else 0.0
     wait = plan.latency_ms / 1000 + hang
-    if wait > 0 and not await _sleep(request, wait):
+    if wait > 0 and not await sleep_while_connected(request, wait):
         state.disconnects += 1
         return web.Response(status=499)  # nobody is listening
     if hang > 0:
@@ -277,84 +187,6 @@ async def _before_answer(
 
 
 # --- answers ---
-
-
-async def _answer(request: web.Request, plan: Plan, rid: str, body: bytes) -> web.StreamResponse:
-    """A complete JSON answer, corrupted or cut per the plan."""
-    if "malformed_json" in plan.names:
-        body = _MALFORMED
-    if "reset_mid_stream" not in plan.names:
-        return _json(200, body, rid)
-    response = web.StreamResponse(headers={"Content-Type": "application/json", "x-request-id": rid})
-    response.content_length = len(body)
-    await response.prepare(request)
-    await response.write(body[: len(body) // 2])
-    _abort(request)
-    return response
-
-
-def _shape_events(plan: Plan, events: Events) -> list[bytes]:
-    """Apply the stream faults that change which events are sent."""
-    data = events.data
-    if not plan.names.isdisjoint(("reset_mid_stream", "truncated_stream")):
-        after = plan.after_chunks if plan.after_chunks is not None else events.first_content + 2
-        data = data[: max(0, min(after, events.first_finish))]
-    if "malformed_json" in plan.names and events.first_content <= len(data):
-        cut = events.first_content
-        data = [*data[:cut], b"data: " + _MALFORMED + b"\n\n", *data[cut:]]
-    return data
-
-
-async def _write_events(
-    request: web.Request, response: web.StreamResponse, plan: Plan, data: list[bytes]
-) -> None:
-    """Write the events: all at once, or one by one with the plan's pauses/fragments."""
-    names = plan.names
-    paced = not names.isdisjoint(("slow_chunks", "first_chunk_then_pause", "fragmented_stream"))
-    if not paced:
-        await response.write(b"".join(data))
-        return
-    for position, event in enumerate(data):
-        if "fragmented_stream" in names:
-            for start in range(0, len(event), plan.fragment_bytes):
-                await response.write(event[start : start + plan.fragment_bytes])
-                await asyncio.sleep(0)
-        else:
-            await response.write(event)
-        pause = 0.0
-        if position == 0 and "first_chunk_then_pause" in names:
-            pause = plan.pause_ms / 1000
-        elif "slow_chunks" in names:
-            pause = plan.chunk_delay_ms / 1000
-        if pause > 0 and not await _sleep(request, pause):
-            raise ConnectionResetError("client went away")
-
-
-def _abort(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
-
-
-async def _stream(
-    request: web.Request, state: FakeState, plan: Plan, rid: str, events: Events
-) -> web.StreamResponse:
-    headers = {
-        "Content-Type": "text/event-stream",
-        "Cache-Control": "no-cache",
-        "x-request-id": rid,
-    }
-    response = web.StreamResponse(headers=headers)
-    try:
-        await response.prepare(request)
-        await _write_events(request, response, plan, _shape_events(plan, events))
-        if "reset_mid_stream" in plan.names:
-            _abort(request)
-        else:
-            await response.write_eof()
-    except ConnectionResetError:
-        state.disconnects += 1
-    return response
 
 
 # --- endpoints ---
@@ -408,6 +240,17 @@ def _text_generation(
     )
 
 
+def _with_cached_prompt(state: FakeState, plan: Plan, req: _ChatRequest) -> Plan:
+    """``prompt_cache``: a prompt of ``MIN_CACHE_TOKENS`` or more is cached whole (in
+    128-token steps, as OpenAI reports it); a repeat within the TTL reads it."""
+    seed, tokens = digest_messages(req.messages)
+    if tokens < MIN_CACHE_TOKENS:
+        return plan
+    key = f"{req.model}:{seed}"
+    hit = state.prompt_cache.use(key, ready_after=plan.latency_ms / 1000, ttl_s=plan.cache_ttl_s)
+    return replace(plan, cached_tokens=tokens // 128 * 128 if hit else 0)
+
+
 _Request = TypeVar("_Request", bound=_ChatRequest | _TextRequest)
 
 
@@ -459,7 +302,7 @@ class _Endpoint(Generic[_Request]):
         early = await _before_answer(request, state, plan, rid)
         if early is not None:
             return early
-        return await _answer(request, plan, rid, answer)
+        return await answer_json(request, plan, rid, answer)
 
     def _parse(self, body: bytes) -> tuple[_Request, int]:
         req = self.decode(body)
@@ -475,6 +318,8 @@ class _Endpoint(Generic[_Request]):
         req: _Request,
         n: int,
     ) -> web.StreamResponse:
+        if "prompt_cache" in plan.names and isinstance(req, _ChatRequest):
+            plan = _with_cached_prompt(state, plan, req)  # read as the request arrives
         early = await _before_answer(request, state, plan, rid)
         if early is not None:
             return early
@@ -486,11 +331,13 @@ class _Endpoint(Generic[_Request]):
             mode = _usage_mode(plan, req.stream_options)
             legacy = isinstance(req, _TextRequest)
             events = text_events(gen, mode) if legacy else chat_events(gen, mode)
-            return await _stream(request, state, plan, rid, events)
+            return await stream_events(request, state, plan, rid, events)
         template = self._template(req, n, plan)
         if plan is state.default_plan and len(self.templates) < _TEMPLATES:
             self.templates[body] = template
-        return await _answer(request, plan, rid, template.render(state.serial, int(time.time())))
+        return await answer_json(
+            request, plan, rid, template.render(state.serial, int(time.time()))
+        )
 
     def _template(self, req: _Request, n: int, plan: Plan) -> Template:
         gen = self.generate(req, n, plan, SERIAL_MARK, 0)
@@ -530,13 +377,6 @@ def create_app(profile: str | None = None, latency_ms: float = 0.0) -> web.Appli
     return app
 
 
-def _runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
-    # handler_cancellation: a client that leaves cancels its handler (no hung tasks)
-    return web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout
-    )
-
-
 # --- running it ---
 
 
@@ -560,7 +400,7 @@ async def running_fake_upstream(
 ) -> AsyncIterator[FakeUpstream]:
     """Serve the fake on an ephemeral port of ``host`` for the duration of the block."""
     app = create_app(profile, latency_ms)
-    runner = _runner(app, shutdown_timeout=0.5)
+    runner = app_runner(app, shutdown_timeout=0.5)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, 0).start()
@@ -574,7 +414,7 @@ async def _serve_until_signalled(
     host: str, port: int, profile: str | None, latency_ms: float, announce: Callable[[str], None]
 ) -> None:
     app = create_app(profile, latency_ms)
-    runner = _runner(app, shutdown_timeout=1.0)
+    runner = app_runner(app, shutdown_timeout=1.0)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

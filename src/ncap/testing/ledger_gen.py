@@ -133,6 +133,8 @@ class LedgerSpec:
     seed: int = 11
     shift_day: date | None = None
     rename: Mapping[str, str] = field(default_factory=dict)
+    # a workload (its generator name) whose traffic halves on that UTC day
+    dips: Mapping[str, date] = field(default_factory=dict)
 
     def resolved_end(self) -> datetime:
         end = self.end or datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
@@ -321,6 +323,7 @@ class _Draw:
     brainstorm_expiry: str
     day_texts: tuple[str, ...]
     instances: tuple[str, ...] = ("gw-a", "gw-b", "gw-c")
+    dips: Mapping[str, str] = field(default_factory=dict)
 
 
 def _rows(spec: LedgerSpec) -> Iterator[tuple[Any, ...]]:
@@ -333,6 +336,7 @@ def _rows(spec: LedgerSpec) -> Iterator[tuple[Any, ...]]:
         {p.name: spec.rename.get(p.name, p.name) for p in _PROFILES},
         _text(end + _EXCEPTIONS[1][6]),
         tuple((end - timedelta(days=d + 1)).strftime("%Y-%m-%d") for d in range(spec.days)),
+        dips={name: day.isoformat() for name, day in spec.dips.items()},
     )
     cum = list(itertools.accumulate(p.weight for p in _PROFILES))
     number = 0
@@ -365,6 +369,9 @@ def _pick(rng: random.Random, choices: tuple[tuple[int | None, float], ...]) -> 
 def _request(draw: _Draw, p: _Profile, request_id: str) -> Iterator[tuple[Any, ...]]:
     rng = draw.rng
     ts = _stamp(draw)
+    dip = draw.dips.get(p.name)
+    if dip is not None and ts.startswith(dip) and rng.random() < 0.5:
+        return  # the planted dip: half of this workload's requests that day never came
     mix = _SHIFTED if p.name == "support-draft" and ts >= draw.shift else p.requested
     requested = _pick(rng, mix)
     effective = requested or 1
