@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz soak audit clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -39,9 +39,10 @@ mutation: setup
 	env -u PYTHONPATH $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	env -u PYTHONPATH $(BIN)/python scripts/mutation_report.py --check
 
-bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export fuzz
+bench: bench-gateway bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence fuzz
 
-# every row of issue 8's table, side by side in one run, with the machine's load
+# every target (bare upstream, ncap's configurations, LiteLLM, Portkey) at every
+# concurrency, side by side in one run, with the machine's load
 bench-gateway: setup
 	@scripts/setup-litellm.sh
 	@scripts/setup-portkey.sh
@@ -50,6 +51,11 @@ bench-gateway: setup
 # user-space instructions per request under callgrind: steady on a busy machine
 bench-instructions: setup
 	$(BIN)/python bench/instructions.py --setups bare,ncap-memory,ncap --requests 2000
+
+# what OpenTelemetry costs per request: off (this checkout, and BEFORE_SRC's), OTLP on
+BEFORE_SRC ?=
+bench-telemetry: setup
+	$(BIN)/python bench/telemetry_cost.py --mode callgrind --requests 2000 $(if $(BEFORE_SRC),--before-src $(BEFORE_SRC))
 
 bench-ledger: setup
 	$(BIN)/python bench/ledger_check.py --requests 5000 --concurrency 64
@@ -65,6 +71,12 @@ bench-profile: setup
 bench-stack: setup
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/stack_choice.py --rounds 3 --duration 4
+
+# CPU per streamed chunk with the candidate evidence on and off: the relay path alone,
+# then two whole gateways in one run (the ratio of the medians)
+bench-evidence: setup
+	$(BIN)/python bench/evidence_bench.py --rounds 9
+	$(BIN)/python bench/evidence_bench.py --e2e --rounds 6 --requests 150
 
 bench-engine: setup
 	$(BIN)/python bench/engine_bench.py --repeat 3
@@ -85,12 +97,12 @@ EXPORT_ARGS ?=
 bench-export: setup
 	$(BIN)/python bench/export_bench.py --rows $(EXPORT_ROWS) $(EXPORT_ARGS)
 
-# issue 15: the long fuzz pass (x10 the CI case counts: about 100,000 cases)
+# the long fuzz pass (x10 the CI case counts: about 100,000 cases)
 FUZZ_SCALE ?= 10
 fuzz: setup
 	NCAP_FUZZ_SCALE=$(FUZZ_SCALE) $(BIN)/pytest tests/hardening/test_fuzz.py -q -s -p no:cacheprovider
 
-# issue 15: load + faults + disconnects, then the books (bounded to 600 s)
+# soak: load + faults + disconnects, then the books (bounded to 600 s)
 SOAK_S ?= 120
 SOAK_STORES ?= embedded
 SOAK_ARGS ?= --gemini

@@ -8,12 +8,12 @@ ledger with ``ledger_durability: full`` and in-process budgets, limits lifted),
 ``ncap`` (the shipped default: a config with only the route to the fake upstream and
 a workload ``max_concurrency`` above the load's concurrency; run from its own working
 directory so ``.ncap/ledger.db`` lands there), ``ncap-sqlite`` (SQLite ledger and
-SQLite budgets, both ``synchronous=FULL``: the default before issue 8), ``portkey``
+SQLite budgets, both ``synchronous=FULL``: the earlier default), ``portkey``
 (``@portkey-ai/gateway`` from npm, scripts/setup-portkey.sh) and ``litellm``.
 ``ncap-shared`` is one gateway on the shared stores (PostgreSQL ledger + Redis budgets,
 ``NCAP_BENCH_POSTGRES`` / ``NCAP_BENCH_REDIS``, a database and key prefix of the run's
-own, dropped afterwards) and ``ncap-shared-2w`` the same with ``ncap serve --workers 2``
-(issue 9): the ratios give shared over the embedded default, and 2 workers over 1.
+own, dropped afterwards) and ``ncap-shared-2w`` the same with ``ncap serve --workers 2``:
+the ratios give shared over the embedded default, and 2 workers over 1.
 
 One run starts the fake upstream and every target up front (idle targets cost
 next to nothing), warms each, then measures round-robin: every round visits every
@@ -478,7 +478,7 @@ def add_overheads(rows: list[dict[str, Any]]) -> None:
 
 def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, Any]:
     """Per concurrency: every target's throughput over the bare pass-through's, and the
-    shipped default's over LiteLLM's and Portkey's (the targets of issue 8)."""
+    shipped default's over LiteLLM's and Portkey's (the gateways it is compared with)."""
     out: dict[str, Any] = {}
     by = {(r["target"], r["concurrency"]): r for r in rows}
     for c in concurrencies:
@@ -488,7 +488,7 @@ def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, An
             if cc == c and bare and bare["throughput_rps"]:
                 point[f"{name}_over_bare"] = round(r["throughput_rps"] / bare["throughput_rps"], 2)
         ncap = by.get(("ncap", c))
-        # issue 9: the shared stores over the embedded default, 2 workers over 1
+        # the shared stores over the embedded default, 2 workers over 1
         for mine, base in (("ncap-shared", "ncap"), ("ncap-shared-2w", "ncap-shared")):
             a, b = by.get((mine, c)), by.get((base, c))
             if a and b and b["throughput_rps"]:
@@ -505,7 +505,7 @@ def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, An
 
 
 def issue_table(rows: list[dict[str, Any]]) -> str:
-    """The table of issue 8: added p50 at c=1, req/s (× bare) at c=16, req/s at c=64."""
+    """The comparison table: added p50 at c=1, req/s (× bare) at c=16, req/s at c=64."""
     by = {(r["target"], r["concurrency"]): r for r in rows}
     bare16 = (by.get(("bare", 16)) or {}).get("throughput_rps")
     body = []

@@ -1,4 +1,4 @@
-"""CPU per request of one gateway on the shared stores: gateway, Redis, PostgreSQL (issue 9).
+"""CPU per request of one gateway on the shared stores: gateway, Redis, PostgreSQL.
 
 Wall-clock rates are noisy on a shared 2-core machine; CPU time per request is not
 (much). Starts the fake upstream and ``ncap serve`` for each ``--targets`` entry

@@ -1,4 +1,4 @@
-"""Store round trips per request of one gateway on the shared stores, at c=1 (issue 9).
+"""Store round trips per request of one gateway on the shared stores, at c=1.
 
 Starts the fake upstream and ``ncap serve`` on a PostgreSQL ledger and Redis budgets
 of the run's own (``NCAP_BENCH_POSTGRES`` / ``NCAP_BENCH_REDIS``, as

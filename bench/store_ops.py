@@ -1,4 +1,4 @@
-"""Store operations per second, each backend against the embedded ones (issue 9).
+"""Store operations per second, each backend against the embedded ones.
 
 budgets: one reservation + its settlement per request (``reserve`` then ``settle``);
 ledger:  one reserved row + its settlement update per request (``append`` then

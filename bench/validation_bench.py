@@ -1,6 +1,6 @@
 """Request validation cost: msgspec vs pydantic v2 vs orjson/json + hand checks.
 
-The same representative subset of SPEC §3.1 is written three ways (typed
+The same representative subset of the request validation rules is written three ways (typed
 fields, ranges, role-tagged messages, stop ≤ 4, logit_bias range, unknown fields
 rejected, top_logprobs only with logprobs, stream_options only with stream), and
 each implementation must accept the valid body and reject every invalid one

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "mutation.md"
 BEGIN, END = "<!-- mutmut:begin -->", "<!-- mutmut:end -->"
-# the score each part must reach (issue 14): the pure rules, and the accounting code
+# the score each part must reach (docs/mutation.md): the pure rules, and the accounting code
 TARGETS = {"src/ncap/domain/": 0.90, "src/ncap/lifecycle/": 0.80, "src/ncap/stores/": 0.80}
 # mutmut's exit-code meaning (mutmut/stats.py)
 KILLED = {1, 3, -11, -9, 37}

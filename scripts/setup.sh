@@ -44,3 +44,15 @@ if bad:
 PY
   echo "$WANT" > "$STAMP"
 fi
+
+# focus-validator (the FinOps Foundation's FOCUS checker, which the FOCUS export's test
+# runs) in a venv of its own: it pins numpy < 2, pandas, pandera 0.17 and pytz < 2024,
+# which must not move ncap's own dependencies; multimethod 1.10 is the last release
+# pandera 0.17 imports (it needs `multimethod.overload`)
+FOCUS_VENV=.venv-focus
+if [ ! -x "$FOCUS_VENV/bin/focus-validator" ]; then
+  echo "setup: installing focus-validator into $FOCUS_VENV"
+  "$PY" -m venv "$FOCUS_VENV"
+  "$FOCUS_VENV/bin/pip" install -q focus-validator==1.0.0 multimethod==1.10 \
+    || echo "setup: could not install focus-validator; the FOCUS validation test will fail" >&2
+fi

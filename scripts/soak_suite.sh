@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Must-show 3 of issue 14: the whole suite N times in a row with a CPU-bound process
+# Flakiness check: the whole suite N times in a row with a CPU-bound process
 # running beside it. Usage: scripts/soak_suite.sh N [extra pytest args...]
 # Runs from the repository root with this checkout's sources first on the path, using
 # .venv (or $PYTHON). Prints one line per round (pass/fail, counts, seconds, load) and

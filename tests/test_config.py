@@ -76,6 +76,26 @@ def test_local_route_weights() -> None:
     assert any("routes.r.weights (line 3)" in p for p in info.value.problems), info.value.problems
 
 
+def test_observability_otlp() -> None:
+    """``otlp: {}`` turns spans and GenAI metrics on (the rest from OTEL_*); off by
+    default; a bad endpoint or sampling share is refused with its location."""
+    assert not default_config().observability.telemetry
+    assert parse_config("observability: {otlp: {}}").observability.telemetry
+    assert parse_config("observability: {traces: true}").observability.telemetry
+    otlp = parse_config(
+        "observability: {otlp: {endpoint: 'https://c:4318', sampling: 0.25}}"
+    ).observability.otlp
+    assert otlp is not None and otlp.sampling == 0.25 and otlp.headers == {}
+    for bad, where in (
+        ("{endpoint: 'grpc://c:4317'}", "observability.otlp.endpoint"),
+        ("{sampling: 2}", "observability.otlp.sampling"),
+        ("{endpont: 'http://c'}", "observability.otlp.endpont"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            parse_config(f"observability: {{otlp: {bad}}}")
+        assert any(where in p for p in refused.value.problems), refused.value.problems
+
+
 def test_pending_age_as_a_bare_number_gets_the_documented_message() -> None:
     text = "reports:\n  thresholds:\n    pending_age: 24\n"
     with pytest.raises(ConfigError) as info:

@@ -1,4 +1,4 @@
-"""Issue 13: what an existing file means (one rule), cross-references at their real line
+"""What an existing file means (one rule), cross-references at their real line
 in the first run, did-you-mean, stale-contract warnings, the resolved form."""
 
 from __future__ import annotations

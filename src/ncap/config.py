@@ -1,4 +1,4 @@
-"""The YAML configuration (SPEC Appendix A), validated on load.
+"""The YAML configuration (docs/configuration.md), validated on load.
 
 Every field has a default, so an empty file (or none) is the embedded default. The
 loader collects *every* problem with its location (``routes.primary-chat.contract.
@@ -136,7 +136,7 @@ LedgerDurability = Literal["normal", "full"]
 
 class Stores(_Model):
     ledger: str = "sqlite:///.ncap/ledger.db"
-    # in-process counters rebuilt from the ledger at start-up (SPEC §2, Appendix A)
+    # in-process counters rebuilt from the ledger at start-up (the embedded default)
     budgets: str = "memory://"
     # SQLite ledger: normal survives kill -9, full also power loss (docs/configuration.md)
     ledger_durability: LedgerDurability = "normal"
@@ -166,7 +166,7 @@ class Stores(_Model):
 class Limits(_Model):
     max_candidates_absolute: int = Field(16, ge=1, le=128)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    # issue 15: the rest of the request's size limits (see http/limits.py)
+    # the rest of the request's size limits (see http/limits.py)
     max_header_bytes: int = Field(8190, ge=1024)  # one header line (aiohttp's default)
     max_headers: int = Field(100, ge=8)
     max_messages: int = Field(2048, ge=1)
@@ -434,6 +434,10 @@ class Thresholds(_Model):
     exception_budget_warn: float = Field(0.8, gt=0, le=1)
     distribution_shift_psi: float = Field(0.2, gt=0)
     shift_min_requests: int = Field(100, ge=1)
+    # "candidates mostly duplicate": a workload's (or exception's) mean distinct share of
+    # its returned candidates below this, over at least candidates_min_requests requests
+    candidates_distinct_share: float | None = Field(0.5, gt=0, le=1)
+    candidates_min_requests: int = Field(20, ge=1)
 
     @field_validator("pending_age", mode="before")
     @classmethod
@@ -455,13 +459,45 @@ class Reports(_Model):
     thresholds: Thresholds = Thresholds()
 
 
+class Otlp(_Model):
+    """OTLP/HTTP (protobuf) export of the GenAI spans and metrics (``observability.otlp``).
+
+    Every field left unset falls back to the standard ``OTEL_*`` variable the
+    OpenTelemetry SDK reads (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``…_HEADERS``,
+    ``OTEL_TRACES_SAMPLER``/``…_ARG``, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
+    ``OTEL_METRIC_EXPORT_INTERVAL``), then to the SDK's default."""
+
+    # the collector's base URL (``/v1/traces`` and ``/v1/metrics`` are appended)
+    endpoint: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    # the share of root traces kept (parent-based: a sampled client trace is kept)
+    sampling: float | None = Field(None, ge=0, le=1)
+    timeout_s: float | None = Field(None, gt=0)
+    metrics_interval_s: float | None = Field(None, gt=0)
+    service_name: str | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("an OTLP/HTTP endpoint is an http:// or https:// URL")
+        return v
+
+
 class Observability(_Model):
     """Operators' signals (``observability:``): the JSON access log on ``ncap.access``
-    (one line per request, no content) and OpenTelemetry spans (needs the ``otel``
-    extra; spans go to the process's tracer provider)."""
+    (one line per request, no content), OpenTelemetry spans and GenAI metrics (needs
+    the ``otel`` extra): exported over OTLP when ``otlp`` is set, else given to the
+    process's tracer and meter providers when ``traces`` is on."""
 
     access_log: bool = True
     traces: bool = False
+    otlp: Otlp | None = None
+
+    @property
+    def telemetry(self) -> bool:
+        """Whether spans and GenAI metrics are made at all (off: not even built)."""
+        return self.traces or self.otlp is not None
 
 
 AlertScope = Literal["day", "month", "exception"]

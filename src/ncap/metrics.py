@@ -28,6 +28,9 @@ from prometheus_client import (
 __all__ = ["BUDGET_WINDOWS", "ROUTE_FAILURE_REASONS", "Metrics"]
 
 _CANDIDATE_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64, 128)
+# shares of the returned candidates (distinct ones, the largest identical group): 1/2,
+# 1/3, 2/3, 1/4, 3/4, 1/5 … 4/5 fall on or between these
+_SHARE_BUCKETS = (0.2, 0.25, 0.34, 0.4, 0.5, 0.6, 0.67, 0.75, 0.8, 0.9, 1.0)
 
 # the ``window`` label of the budget gauges: tokens, requests, or micro-USD per window
 BUDGET_WINDOWS = (
@@ -59,6 +62,27 @@ class Metrics:
             "Requested candidate count (n; omitted counts as 1)",
             ["workload"],
             buckets=_CANDIDATE_BUCKETS,
+            registry=r,
+        )
+        self.candidates_distinct_share = Histogram(
+            "ncap_candidates_distinct_share",
+            "Distinct candidates over those returned, per request returning two or more",
+            ["workload"],
+            buckets=_SHARE_BUCKETS,
+            registry=r,
+        )
+        self.candidates_agreement = Histogram(
+            "ncap_candidates_agreement",
+            "The largest group of identical candidates over those returned (majority share)",
+            ["workload"],
+            buckets=_SHARE_BUCKETS,
+            registry=r,
+        )
+        self.candidates_tool_call_share = Histogram(
+            "ncap_candidates_tool_call_share",
+            "Candidates that called a tool over those returned",
+            ["workload"],
+            buckets=(0.0, *_SHARE_BUCKETS),
             registry=r,
         )
         self.tokens = Counter(
@@ -218,6 +242,14 @@ class Metrics:
         """A ``budget_exhausted`` refusal, by the window that refused (``BUDGET_WINDOWS``
         or ``exception``; ``unknown`` when the budget store did not say)."""
         self.child(self.denials_by_window, workload, window).inc()
+
+    def candidates(
+        self, workload: str, compared: int, distinct: int, majority: int, tools: int
+    ) -> None:
+        """One request's candidate evidence (counts only)."""
+        self.child(self.candidates_distinct_share, workload).observe(distinct / compared)
+        self.child(self.candidates_agreement, workload).observe(majority / compared)
+        self.child(self.candidates_tool_call_share, workload).observe(tools / compared)
 
     def cost(self, workload: str, route: str, micros: int) -> None:
         if micros > 0:

@@ -1,4 +1,4 @@
-"""Issue 13: a user's mistake anywhere in the CLI is a message and an exit status, never
+"""A user's mistake anywhere in the CLI is a message and an exit status, never
 a traceback; ``--since``/``--until`` take words, durations and dates."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ BAD_INVOCATIONS = [
     (["ledger", "export", "--since", "yesterdayy"], "not a point in time"),
     (["ledger", "export", "--since", "2026-13-01"], "not a point in time"),
     (["ledger", "export", "--since", "today", "--until", "yesterday"], "later than --since"),
-    (["ledger", "export", "--format", "xml"], "use jsonl or csv"),
+    (["ledger", "export", "--format", "xml"], "use jsonl, csv or focus"),
     (["reconcile", "list", "--format", "html"], "use table, tsv or json"),
     (["reconcile", "import", "missing.csv"], "cannot read"),
     (["check-config", "missing.yaml"], "cannot read"),

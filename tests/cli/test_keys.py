@@ -1,4 +1,4 @@
-"""Issue 13: ``ncap keys create|list|revoke`` keep the operator's file as written."""
+"""``ncap keys create|list|revoke`` keep the operator's file as written."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``ncap probe`` against fakes that honour n, ignore it, refuse it and omit stream usage
-(issue 10, must-show 3): each records the right contract into the config file, and the
+"""``ncap probe`` against fakes that honour n, ignore it, refuse it and omit stream usage:
+each records the right contract into the config file, and the
 gateway, started on the file as written, then acts on it."""
 
 from __future__ import annotations

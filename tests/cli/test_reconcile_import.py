@@ -1,4 +1,4 @@
-"""Issue 13, the FinOps side: reconcile import names the field (with every accepted
+"""The FinOps side of the CLI: reconcile import names the field (with every accepted
 name) and exits non-zero on conflicts or a file that matches nothing; the CSV export is
 flat; reconcile list never cuts ids."""
 

@@ -1,4 +1,4 @@
-"""SPEC §5: a route serves n > 1 only on a current contract that approves the count."""
+"""A route serves n > 1 only on a current contract that approves the count."""
 
 from __future__ import annotations
 

@@ -111,6 +111,7 @@ _STDLIB = {
     "__future__",
     "functools",
     "collections",
+    "hashlib",  # keyed digests of candidates (domain/evidence.py): computation, no I/O
     "dataclasses",
     "datetime",
     "decimal",

@@ -279,7 +279,7 @@ def test_estimate_hand_counted(
     assert estimate_input_tokens(messages, **extras) == expected
 
 
-# -- every denial word for word, with its retry delay and its Refusal (issue 13b) --------------
+# -- every denial word for word, with its retry delay and its Refusal ----------------------
 # NOW is 12:00:00 UTC: the next minute is 60 s away, the next day 12 h.
 
 _HINT = " Lower n or max_completion_tokens, or wait for the budget period to reset."

@@ -1,4 +1,4 @@
-"""The ledger event's columns (SPEC §7), settlement states and reconciliation."""
+"""The ledger event's columns (docs/ledger.md), settlement states and reconciliation."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ NOW = datetime(2026, 11, 29, tzinfo=UTC)
 
 
 # ncap's own columns, after the spec's (what refused a denied request, a failure's
-# status, each choice's output tokens where the route reveals them)
+# status, each choice's output tokens where the route reveals them, how different the
+# candidates were)
 EXTENSION_COLUMNS = [
     "denied_by",
     "denied_limit",
@@ -64,6 +65,10 @@ EXTENSION_COLUMNS = [
     "upstream_status",
     "client_retry_count",
     "output_tokens_per_choice",
+    "candidates_compared",
+    "candidates_distinct",
+    "candidates_majority",
+    "candidates_tool_calls",
 ]
 
 

@@ -1,4 +1,4 @@
-"""SPEC §4, rule by rule: decide() with an injected clock, table-driven."""
+"""The candidate-count policy, rule by rule: decide() with an injected clock, table-driven."""
 
 from __future__ import annotations
 

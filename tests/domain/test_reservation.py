@@ -1,4 +1,4 @@
-"""SPEC §6 reservation arithmetic, integer money, and the conservative input estimate."""
+"""Reservation arithmetic, integer money, and the conservative input estimate."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Legacy ``/v1/completions`` through the gateway to the local engine (the embedded
 default's SmolLM2): ``best_of`` ranked by the engine, whole and streamed, with ledger
-rows (issue 10, must-show 4)."""
+rows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The security review of issue 15, one test (or more) per point.
+"""The security review (docs/reliability.md), one test (or more) per point.
 
 Endpoints live in ``ENDPOINTS`` below: the legacy ``/v1/completions`` and the admin API
 join every check here with one line each once they exist.

@@ -1,4 +1,4 @@
-"""Policy before dispatch, per-attempt ledger rows and their budget effect (SPEC §4–§7),
+"""Policy before dispatch, per-attempt ledger rows and their budget effect,
 through the real gateway in front of the fake upstream."""
 
 from __future__ import annotations

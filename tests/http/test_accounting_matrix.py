@@ -1,5 +1,5 @@
 """Every budget window and an exception, end to end: the official SDK, the gateway, the
-fake upstream, the SQLite ledger and budget store (SPEC §3.2, §4, §6).
+fake upstream, the SQLite ledger and budget store.
 
 Each window is driven to its limit and must refuse with its own code and headers
 (``rate_limit_exceeded`` + Retry-After for the per-minute windows,

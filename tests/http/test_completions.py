@@ -1,5 +1,5 @@
 """Legacy ``POST /v1/completions`` through the real gateway to the fake upstream, with the
-official SDK (issue 10, must-show 4): ``n`` and ``best_of``, whole and streamed, the
+official SDK: ``n`` and ``best_of``, whole and streamed, the
 ncap headers and the ledger rows."""
 
 from __future__ import annotations

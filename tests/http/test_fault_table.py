@@ -1,5 +1,5 @@
 """Every fault profile of the fake upstream through the gateway, stream and non-stream,
-with the exact ledger rows and budget holds each must leave (SPEC §6, §7).
+with the exact ledger rows and budget holds each must leave.
 
 One gateway serves every fault: model alias ``m-<case>`` is a route whose upstream
 headers switch the fault on, so each request meets exactly one fault. The table says,

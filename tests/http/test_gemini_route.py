@@ -1,5 +1,5 @@
 """A Gemini route through the real gateway: the official ``openai`` SDK with n=3 against
-the fake Gemini API (issue 10, must-show 2), and Gemini's errors as the client sees them."""
+the fake Gemini API, and Gemini's errors as the client sees them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/metrics exposes what SPEC §8 lists, with bounded labels only."""
+"""/metrics exposes what docs/operations.md lists, with bounded labels only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13, alerting and health: store-derived gauges that stay true after another
+"""Alerting and health: store-derived gauges that stay true after another
 process changed the ledger and after a restart; budget gauges; the cost counter; route
 health; validation refusals by code; the no-key message."""
 

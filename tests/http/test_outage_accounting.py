@@ -1,5 +1,5 @@
 """An upstream outage does not drain budgets; denials, cut streams and refused
-multi-candidate fields leave the rows an operator needs (issue 13, issue 14): through
+multi-candidate fields leave the rows an operator needs: through
 the real gateway in front of the fake upstream, with the official SDK."""
 
 from __future__ import annotations

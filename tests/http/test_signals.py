@@ -17,6 +17,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from ncap.config import Config
 from ncap.http.app import create_app
@@ -231,8 +232,11 @@ def test_no_content_in_access_log_or_spans(
     assert "policy_result" not in invalid  # refused before policy
     assert unknown["status"] == 404 and "model" not in unknown
 
-    requests = [s for s in spans if s.name == "ncap.request"]
-    attempts = [s for s in spans if s.name == "ncap.attempt"]
+    requests = [s for s in spans if s.kind == SpanKind.SERVER]
+    attempts = [s for s in spans if s.kind == SpanKind.CLIENT]
+    # named by the GenAI conventions once the model is known: "{operation} {model}"
+    assert {s.name for s in requests} == {"chat fake-model", "ncap.request"}
+    assert {s.name for s in attempts} == {"chat fake-model"}
     assert len(requests) == 5 and len(attempts) == 2
     for span in attempts:
         assert span.parent is not None

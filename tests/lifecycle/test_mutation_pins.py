@@ -253,7 +253,7 @@ async def test_a_refused_attempt_returned_nothing(tmp_path: Path) -> None:
 async def test_usage_on_the_last_choice_chunk_is_only_for_a_client_that_asked(
     tmp_path: Path,
 ) -> None:
-    """Issue 14's pinned bug, socket-free: only that chunk is re-encoded without usage;
+    """The bug this pins, socket-free: only that chunk is re-encoded without usage;
     the row still settles from it, with the provider id from the stream's head."""
     last = {**chunk(0, "lo", finish="stop"), "usage": chunk(None, usage=(3, 2))["usage"]}
     text = sse(chunk(0, "hel"), last)

@@ -1,5 +1,5 @@
 """What the ledger, the budgets, the metrics and the log keep of upstream error answers,
-cut streams and denials (issue 13's lifecycle part, issue 14's cut-stream check)."""
+cut streams and denials."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ async def test_a_refusal_records_its_status_and_no_usage_source(tmp_path: Path) 
     assert row.usage_source == "none"  # a refusal, not an error answer
 
 
-# -- cut streams keep their usage unknown (issue 14) -----------------------------------
+# -- cut streams keep their usage unknown ------------------------------------------
 
 
 @pytest.mark.parametrize(

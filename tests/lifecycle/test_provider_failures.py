@@ -1,5 +1,5 @@
 """What a provider's own failure normalization (Gemini's) tells the lifecycle, and the
-legacy completions kind on the plan, over scripted providers (issue 10)."""
+legacy completions kind on the plan, over scripted providers."""
 
 from __future__ import annotations
 

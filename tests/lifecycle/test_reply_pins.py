@@ -46,6 +46,8 @@ async def test_a_whole_answer_and_its_headers(tmp_path: Path) -> None:
         "x-ncap-candidates-effective": "2",
         "x-ncap-reserved-tokens": await _reserved(h),
         "x-ncap-candidates-returned": "2",
+        "x-ncap-candidates-distinct": "2",
+        "x-ncap-candidates-agreement": "0.500",
         "content-type": "application/json",
     }
 
@@ -96,6 +98,8 @@ async def test_a_fan_out_answer_its_headers_and_the_first_branchs_fields(tmp_pat
         "x-ncap-candidates-effective": "2",
         "x-ncap-reserved-tokens": await _reserved(h),
         "x-ncap-candidates-returned": "2",
+        "x-ncap-candidates-distinct": "2",
+        "x-ncap-candidates-agreement": "0.500",
         "content-type": "application/json",
     }
     body = msgspec.json.decode(reply.body)

@@ -1,4 +1,4 @@
-"""Table-driven checks of request validation (SPEC §3.1): every rule, exact class/code/param."""
+"""Table-driven checks of request validation: every rule, exact class/code/param."""
 
 from __future__ import annotations
 

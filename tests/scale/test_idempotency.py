@@ -1,4 +1,4 @@
-"""Must-show 5 of issue 9: the official SDK retrying a request whose first try timed out
+"""The official SDK retrying a request whose first try timed out
 at the client, and a second replica receiving the same Idempotency-Key: one upstream
 call in all, and the ledger shows every try with its x-stainless-retry-count."""
 

@@ -1,4 +1,4 @@
-"""The admin store on a shared ledger (issue 9, session 5): two gateways on one
+"""The admin store on a shared ledger: two gateways on one
 PostgreSQL schema (replicas) or one SQLite file (``--workers``) see each other's admin
 changes within ``stores.admin_refresh_s`` (a key created on one is accepted by the
 other, a revoked one refused by both), and an admin call while PostgreSQL is

@@ -1,5 +1,5 @@
-"""Three ``ncap serve`` processes on one PostgreSQL ledger and one Redis budget store
-(SPEC §11): one global budget, one ledger, and peers that survive each other."""
+"""Three ``ncap serve`` processes on one PostgreSQL ledger and one Redis budget store:
+one global budget, one ledger, and peers that survive each other."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bug of issue 9 on the embedded stores: a second gateway started on the same
+"""Peer recovery on the embedded stores: a second gateway started on the same
 SQLite files used to mark the first's in-flight row lost, free its hold, and then
 serve past ``max_concurrency: 1``."""
 

@@ -1,4 +1,4 @@
-"""The BudgetStore contract (SPEC §6), run against every backend."""
+"""The BudgetStore contract (what every budget backend must do), run against every backend."""
 
 from __future__ import annotations
 

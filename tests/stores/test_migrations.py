@@ -18,7 +18,7 @@ import ncap.stores.postgres_ledger as pg
 import ncap.stores.sqlite_ledger as lite
 from ncap.cli.main import app as cli
 from ncap.config import ExceptionGrant
-from ncap.domain.events import LEDGER_COLUMNS
+from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent
 from ncap.domain.grants import GrantChanges
 from ncap.stores import PostgresLedgerStore, SQLiteLedgerStore
 from ncap.stores._migrations import latest, migrations
@@ -31,7 +31,7 @@ from tests.services import pg_database, pg_schema
 from tests.stores.test_sqlite_ledger import FULL_EVENT, event
 
 OLD_ROWS = [FULL_EVENT, event("req-2", state="reserved", gateway_instance="old-gw")]
-# revision 3 added these (issue 13); rows written at revision 1 have none of them
+# revisions 3 to 5 added these; rows written at revision 1 have none of them
 ADDED_LATER = (
     "denied_by",
     "denied_limit",
@@ -39,8 +39,14 @@ ADDED_LATER = (
     "upstream_status",
     "client_retry_count",
     "output_tokens_per_choice",
+    "candidates_compared",
+    "candidates_distinct",
+    "candidates_majority",
+    "candidates_tool_calls",
 )
 REV1_COLUMNS = tuple(c for c in LEDGER_COLUMNS if c not in ADDED_LATER)
+# revision 8 added the candidate evidence: rows written at revisions 5 to 7 lack it
+REV7_COLUMNS = tuple(c for c in LEDGER_COLUMNS if not c.startswith("candidates_"))
 ADMIN_TABLES = ("admin_grants", "admin_audit", "budget_alerts")
 AT = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 GRANT = ExceptionGrant(
@@ -48,17 +54,24 @@ GRANT = ExceptionGrant(
 )
 
 
-def _rev1_insert() -> str:
-    cols = ", ".join(REV1_COLUMNS)
-    arrays = ", ".join(f"${i}::{pg._TYPES.get(c, 'text')}[]" for i, c in enumerate(REV1_COLUMNS, 1))
+def _rev1_insert(columns: tuple[str, ...] = REV1_COLUMNS) -> str:
+    cols = ", ".join(columns)
+    arrays = ", ".join(f"${i}::{pg._TYPES.get(c, 'text')}[]" for i, c in enumerate(columns, 1))
     return f"INSERT INTO ledger_events ({cols}) SELECT * FROM unnest({arrays})"
+
+
+def _sqlite_rev7_insert(conn: sqlite3.Connection, row: LedgerEvent) -> None:
+    values = dict(zip(LEDGER_COLUMNS, lite._encode_row(row), strict=True))
+    marks = ", ".join("?" * len(REV7_COLUMNS))
+    insert = f"INSERT INTO ledger_events ({', '.join(REV7_COLUMNS)}) VALUES ({marks})"
+    conn.execute(insert, [values[c] for c in REV7_COLUMNS])
 
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
     # SQLite's revisions 1 and 6 (the admin tables: stores/admin_schema.py) are in code
-    assert latest("postgresql") == 7
+    assert latest("postgresql") == 8
     assert [v for v, _ in migrations("postgresql")] == [v for v, _ in lite.MIGRATIONS]
-    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7]
+    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def _tables(path: Path) -> set[str]:
@@ -100,7 +113,7 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     assert "gateway_instances" in _tables(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 7}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 8}
 
 
 async def _ncap_migrate(config: Path) -> Result:
@@ -120,7 +133,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
     async with pg_database() as url:
         result = await _ncap_migrate(_config(tmp_path, url))
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 7}
+        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 8}
         conn = await asyncpg.connect(url)
         try:
             tables = {
@@ -136,7 +149,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
         finally:
             await conn.close()
         assert {"ledger_events", "gateway_instances", "schema_version", *ADMIN_TABLES} <= tables
-        assert versions == [1, 2, 3, 4, 5, 6, 7]
+        assert versions == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 @pytest.mark.postgresql
@@ -157,7 +170,7 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
             got = await asyncio.gather(*(s.get("req-1") for s in stores))
             assert got == [[FULL_EVENT]] * 3
             assert await stores[0].get("req-2") == [OLD_ROWS[1]]
-            assert {s.pool.version for s in stores} == {7}
+            assert {s.pool.version for s in stores} == {8}
             assert await stores[0].mark_lost("old-gw") == 1
         finally:
             for s in stores:
@@ -185,7 +198,7 @@ async def test_sqlite_revision_5_with_admin_tables_is_upgraded_with_their_rows_i
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_version")]
     finally:
         conn.close()
-    assert versions == [1, 2, 3, 4, 5, 6, 7]
+    assert versions == [1, 2, 3, 4, 5, 6, 7, 8]
     after = SQLiteAdminStore(path)
     try:
         assert await after.changes() == GrantChanges(exceptions=(GRANT,))
@@ -201,23 +214,23 @@ async def test_postgres_revision_5_is_upgraded_to_the_admin_tables_with_rows_int
         conn = await asyncpg.connect(dsn, server_settings={"search_path": schema or "public"})
         try:
             assert await pg_migrate(conn, schema, target=5) == 5
-            rows = [pg._encode_row(e) for e in OLD_ROWS]
-            await conn.fetch(pg._INSERT, *zip(*rows, strict=True))
+            rows = [tuple(pg._encode(c, getattr(e, c)) for c in REV7_COLUMNS) for e in OLD_ROWS]
+            await conn.fetch(_rev1_insert(REV7_COLUMNS), *zip(*rows, strict=True))
             assert await conn.fetchval("SELECT to_regclass('admin_grants')") is None
         finally:
             await conn.close()
-        # the admin store and the ledger opening together: revisions 6 and 7 applied once
+        # the admin store and the ledger opening together: revisions 6 to 8 applied once
         admin, store = PostgresAdminStore(url), PostgresLedgerStore(url)
         try:
             changes, got = await asyncio.gather(admin.changes(), store.get("req-1"))
             assert changes == GrantChanges() and got == [FULL_EVENT]
             assert await store.get("req-2") == [OLD_ROWS[1]]
-            assert (admin.pool.version, store.pool.version) == (7, 7)
+            assert (admin.pool.version, store.pool.version) == (8, 8)
             assert await store.mark_lost("old-gw") == 1
             await admin.record(AdminChange("alice", "create", "exception", "eval", GRANT), AT)
             assert await admin.changes() == GrantChanges(exceptions=(GRANT,))
             versions = await admin.pool.fetch("SELECT version FROM schema_version ORDER BY 1")
-            assert [r[0] for r in versions] == [1, 2, 3, 4, 5, 6, 7]
+            assert [r[0] for r in versions] == [1, 2, 3, 4, 5, 6, 7, 8]
         finally:
             await admin.close()
             await store.close()
@@ -271,8 +284,12 @@ async def test_sqlite_writes_build_no_ephemeral_tables_after_revision_7(tmp_path
             "UPDATE ledger_events SET state = ?, usage_source = ?, policy_result = ?"
             " WHERE request_id = ? AND attempt = ?"
         )
-        assert _ephemeral_tables(conn, lite._INSERT) == 2  # revision 6: the IN lists
-        assert sqlite_migrate(conn, lite.MIGRATIONS) == 7
+        rev7_insert = (
+            f"INSERT INTO ledger_events ({', '.join(REV7_COLUMNS)})"
+            f" VALUES ({', '.join('?' * len(REV7_COLUMNS))})"
+        )
+        assert _ephemeral_tables(conn, rev7_insert) == 2  # revision 6: the IN lists
+        assert sqlite_migrate(conn, lite.MIGRATIONS) == 8
         assert _ephemeral_tables(conn, lite._INSERT) == 0
         assert _ephemeral_tables(conn, update) == 0
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
@@ -287,7 +304,7 @@ async def test_sqlite_revision_6_is_rebuilt_with_rows_and_indexes_intact(tmp_pat
     try:
         assert sqlite_migrate(conn, lite.MIGRATIONS[:6]) == 6
         for row in OLD_ROWS:
-            conn.execute(lite._INSERT, lite._encode_row(row))
+            _sqlite_rev7_insert(conn, row)
         indexes = "SELECT name, sql FROM sqlite_master WHERE type = 'index' ORDER BY name"
         before = conn.execute(indexes).fetchall()
     finally:
@@ -363,7 +380,7 @@ async def test_ncap_migrate_remakes_the_report_indexes_revision_7_drops(tmp_path
     assert {EXCEPTION_INDEX, PER_CHOICE_INDEX} <= _indexes(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 7}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 8}
     assert {EXCEPTION_INDEX, PER_CHOICE_INDEX} <= _indexes(path)
 
 

@@ -363,7 +363,7 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
     conn = sqlite3.connect(path)
     try:
         versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
-        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
+        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
@@ -380,6 +380,7 @@ async def test_a_version_1_file_gains_the_denial_columns(tmp_path: Path) -> None
         assert sqlite_plumbing.migrate(conn, MIGRATIONS[:1]) == 1
         new = {"denied_by", "denied_limit", "denied_amount", "upstream_status"}
         new |= {"output_tokens_per_choice", "client_retry_count"}
+        new |= {c for c in LEDGER_COLUMNS if c.startswith("candidates_")}
         spec = [c for c in LEDGER_COLUMNS if c not in new]
         old = event("req-old")
         values = [getattr(old, c) for c in spec]

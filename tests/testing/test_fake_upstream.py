@@ -518,3 +518,33 @@ async def _eventually(condition: Any, timeout: float = 3.0) -> None:
     while not condition():
         assert time.perf_counter() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def test_candidates_pattern_duplicates_at_set_rates(upstream: FakeUpstream) -> None:
+    """``x-fake-candidates``: the same label, the same candidate (whole and streamed
+    alike); ``tool:NAME`` a tool call; n single-candidate requests share the pattern."""
+    pattern = {"x-fake-candidates": "a,a,a,b,tool:lookup"}
+    client = AsyncOpenAI(base_url=upstream.base_url, api_key="x", default_headers=pattern)
+    whole = await client.chat.completions.create(model="m", messages=MESSAGES, n=5)
+    texts = [c.message.content for c in whole.choices]
+    assert texts[0] == texts[1] == texts[2] != texts[3]
+    assert texts[4] is None and whole.choices[4].finish_reason == "tool_calls"
+    call = whole.choices[4].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "lookup"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"query": "lookup now", "limit": 3}  # type: ignore[union-attr]
+    streamed: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    stream = await client.chat.completions.create(model="m", messages=MESSAGES, n=5, stream=True)
+    async for chunk in stream:
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+            for tc in choice.delta.tool_calls or []:
+                fragment = tc.function.arguments if tc.function else ""
+                arguments[choice.index] = arguments.get(choice.index, "") + (fragment or "")
+    assert [streamed[i] for i in range(4)] == texts[:4]
+    assert arguments == {4: call.function.arguments}  # type: ignore[union-attr]
+    singles = [
+        (await client.chat.completions.create(model="m", messages=MESSAGES)).choices[0]
+        for _ in range(5)
+    ]
+    assert [s.message.content for s in singles] == texts

@@ -24,10 +24,16 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from ncap.cli.focus import FOCUS_COLUMNS, focus_rows
 from ncap.cli.reconcile import import_by_client_id, merge_results, operator_commands
 from ncap.cli.when import WHEN_HELP, parse_when
 from ncap.config import Config, utcnow
-from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
+from ncap.domain.events import (
+    LEDGER_COLUMNS,
+    UNSETTLED_STATES,
+    LedgerEvent,
+    ReconciliationRow,
+)
 from ncap.domain.money import micros_from_usd
 from ncap.errors import ConfigError
 from ncap.stores import budgets_from_url, hold_id_for, ledger_from_url
@@ -52,7 +58,14 @@ def _load(path: Path | None) -> Config:
 def export(
     since: Annotated[str | None, typer.Option(help=f"From this instant: {WHEN_HELP}")] = None,
     until: Annotated[str | None, typer.Option(help="Before this instant (same forms)")] = None,
-    format: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
+    format: Annotated[str, typer.Option("--format", help="jsonl, csv or focus")] = "jsonl",
+    include_pending: Annotated[
+        bool,
+        typer.Option(
+            "--include-pending",
+            help="focus: also attempts whose usage is not known yet, with empty costs",
+        ),
+    ] = False,
     config: ConfigOpt = None,
     by_event: Annotated[bool, typer.Option("--by-event", hidden=True)] = False,
 ) -> None:
@@ -60,16 +73,50 @@ def export(
 
     jsonl: one object per event, exactly the ledger's columns. csv: a flat sheet
     for spreadsheets (docs/ledger.md): one column per finish reason, booleans as
-    true/false, USD beside micro-USD, empty cells for null."""
-    if format not in ("jsonl", "csv"):
-        raise typer.BadParameter("use jsonl or csv", param_hint="--format")
+    true/false, USD beside micro-USD, empty cells for null. focus: FOCUS 1.2 cost
+    and usage rows (CSV), one per attempt and charge (input, cached input, output)."""
+    if format not in ("jsonl", "csv", "focus"):
+        raise typer.BadParameter("use jsonl, csv or focus", param_hint="--format")
+    if include_pending and format != "focus":
+        raise typer.BadParameter("only with --format focus", param_hint="--include-pending")
     now = utcnow()
     start = parse_when(since, now, "--since") if since else None
     end = parse_when(until, now, "--until") if until else None
     if start and end and end <= start:
         raise typer.BadParameter("must be later than --since", param_hint="--until")
     cfg = _load(config)
+    if format == "focus":
+        asyncio.run(_export_focus(cfg, start, end, sys.stdout, include_pending=include_pending))
+        return
     asyncio.run(_export(cfg, start, end, format, sys.stdout, by_event=by_event))
+
+
+async def _export_focus(
+    cfg: Config,
+    since: datetime | None,
+    until: datetime | None,
+    out: Any,
+    *,
+    include_pending: bool,
+) -> None:
+    """FOCUS rows, and on stderr what was left out because its cost is not known yet."""
+    ledger = ledger_from_url(cfg.stores.ledger)
+    writer = csv.DictWriter(out, fieldnames=list(FOCUS_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    unknown = held = 0
+    try:
+        async for event in ledger.export(since, until):
+            if event.state in UNSETTLED_STATES or event.state == "reserved":
+                unknown += 1
+                held += event.reserved_cost_micros
+            writer.writerows(focus_rows([event], cfg, include_pending=include_pending))
+    finally:
+        await ledger.close()
+    if unknown and not include_pending:
+        err.print(
+            f"{unknown} attempt(s) with usage not known yet (USD {_usd(held)} held) are not "
+            "in this export: reconcile them (ncap reconcile list) or add --include-pending"
+        )
 
 
 async def _export(

@@ -7,19 +7,23 @@ terminal they show which query is running; piped output stays clean.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
 
 from ncap.config import Config, parse_duration, utcnow
+from ncap.domain.money import format_usd
 from ncap.errors import ConfigError
 from ncap.reports import (
     STEPS,
@@ -31,10 +35,12 @@ from ncap.reports import (
     render_json,
     render_tables,
     render_tsv,
+    report_dict,
     since_window,
     source_from_url,
 )
 from ncap.reports.admin_tables import revoked_exceptions, with_admin_exceptions
+from ncap.reports.render import evidence_tables
 
 __all__ = ["audit", "generate", "report_app"]
 
@@ -117,9 +123,81 @@ def daily(
     _run(cfg, ledger, window, "daily", fmt)
 
 
-def _run(
-    cfg: Config, ledger: str | None, window: Window, kind: Literal["audit", "daily"], fmt: Format
+@report_app.command("candidates")
+def candidates(
+    since: Annotated[str, typer.Option(help="Window length back from now, e.g. 7d, 24h")] = "7d",
+    format: FormatOpt = "table",
+    ledger: LedgerOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
+    """The exception review: per workload and exception, how different the candidates
+    were, what the duplicates cost, and what each candidate count would have cost."""
+    fmt = _format(format)
+    if fmt == "html":
+        raise typer.BadParameter("use table or json", param_hint="--format")
+    try:
+        length = parse_duration(since)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+    cfg = _load(config)
+    report = _build(cfg, ledger, since_window(length, utcnow()), "audit")
+    review = _review(report)
+    if fmt == "json":
+        typer.echo(json.dumps(review, indent=2))
+        return
+    console = Console(highlight=False)
+    for section in evidence_tables(report.candidates):
+        console.print(section.rich())
+    console.print(_review_table(review["exceptions"]))
+    for alert in review["alerts"]:
+        console.print(f"[yellow]{alert['severity']}[/yellow] ", Text(alert["message"]))
+
+
+def _review(report: Report) -> dict[str, Any]:
+    """Per exception: its spend and requests (``ExceptionUsage``) beside its evidence."""
+    data = report_dict(report)
+    evidence = {c["exception_id"]: c for c in data["candidates"] if c["exception_id"]}
+    exceptions = [
+        {
+            "id": e["id"],
+            "workload": e["workload"],
+            "status": e["status"],
+            "requests_window": e["requests_window"],
+            "spent_micros": e["spent_micros"],
+            "evidence": evidence.get(e["id"]),
+        }
+        for e in data["exceptions"]
+    ]
+    alerts = [a for a in data["alerts"] if a["source"] == "candidates"]
+    return {"window": data["window"], "candidates": data["candidates"],
+            "exceptions": exceptions, "alerts": alerts}  # fmt: skip
+
+
+def _review_table(exceptions: list[dict[str, Any]]) -> Table:
+    table = Table(
+        "exception", "workload", "status", "requests", "spent (life)", "distinct / returned",
+        "agreement", "saving at n=1", title=Text("exception review"), title_justify="left",
+    )  # fmt: skip
+    for e in exceptions:
+        ev = e["evidence"] or {}
+        table.add_row(
+            *(
+                Text(str(cell))
+                for cell in (
+                    e["id"], e["workload"] or "–", e["status"], e["requests_window"],
+                    format_usd(e["spent_micros"]), ev.get("distinct_share_mean", "–"),
+                    ev.get("agreement_mean", "–"),
+                    "–" if ev.get("saving_at_one_micros") is None
+                    else format_usd(ev["saving_at_one_micros"]),
+                )
+            )
+        )  # fmt: skip
+    return table
+
+
+def _build(
+    cfg: Config, ledger: str | None, window: Window, kind: Literal["audit", "daily"]
+) -> Report:
     try:
         source = source_from_url(ledger or cfg.stores.ledger)
     except ConfigError as exc:
@@ -127,7 +205,7 @@ def _run(
         raise typer.Exit(2) from None
     try:
         with _progress() as step:
-            report = build_report(
+            return build_report(
                 source,
                 window,
                 kind=kind,
@@ -139,7 +217,12 @@ def _run(
             )
     finally:
         source.close()
-    _emit(report, fmt)
+
+
+def _run(
+    cfg: Config, ledger: str | None, window: Window, kind: Literal["audit", "daily"], fmt: Format
+) -> None:
+    _emit(_build(cfg, ledger, window, kind), fmt)
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Per-choice demultiplexing of a ``chat.completion.chunk`` stream (SPEC §10).
+"""Per-choice demultiplexing of a ``chat.completion.chunk`` stream.
 
 With ``n > 1`` the deltas of the n completions arrive interleaved, and each delta's
 ``index`` is the only thing saying which completion it belongs to: code that appends

@@ -1,4 +1,4 @@
-"""Budget windows and the admission rule every budget backend applies (SPEC §6).
+"""Budget windows and the admission rule every budget backend applies.
 
 Two-phase budgets: the caller estimates conservatively (``reservation.py``), a store
 reserves atomically against *every* window or none (``admit`` below, run inside the

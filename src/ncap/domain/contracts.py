@@ -1,4 +1,4 @@
-"""Does a route's verified contract accept this candidate count? (SPEC §5)
+"""Does a route's verified contract accept this candidate count?
 
 Fail closed: a route serves ``n > 1`` only when its contract record says so
 (``native`` or ``emulate``), up to its own ``max_candidates``, and the record is

@@ -1,4 +1,4 @@
-"""The ledger event (one row per attempt, SPEC §7) and how an attempt settles.
+"""The ledger event (one row per attempt, docs/ledger.md) and how an attempt settles.
 
 An event is sanitized by construction: it has no field that could hold prompt or
 completion text, headers, tool arguments or end-user identifiers. Token and cost
@@ -74,8 +74,9 @@ UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_req
 
 @dataclass(frozen=True, slots=True)
 class LedgerEvent:
-    """One attempt: the columns of SPEC §7 in its order, then ncap's own (``denied_*``,
-    ``upstream_status``, ``client_retry_count``, ``output_tokens_per_choice``)."""
+    """One attempt: the ledger's columns in docs/ledger.md's order, then ncap's own
+    (``denied_*``, ``upstream_status``, ``client_retry_count``, ``output_tokens_per_choice``,
+    the ``candidates_*`` evidence)."""
 
     timestamp: datetime
     request_id: str
@@ -109,8 +110,8 @@ class LedgerEvent:
     reconciliation_reason: str | None = None
     gateway_instance: str = ""
     latency_ms: float | None = None
-    # extensions after SPEC §7's columns: what refused a denied request (null otherwise):
-    # the limit's name (a budget window, max_candidates, output_ceiling, a field), its
+    # extensions after the ledger's standard columns: what refused a denied request (null
+    # otherwise): the limit's name (a budget window, max_candidates, output_ceiling, a field), its
     # value, and what the request needed of it, in the limit's unit
     denied_by: str | None = None
     denied_limit: int | None = None
@@ -124,6 +125,14 @@ class LedgerEvent:
     # each choice's output tokens in index order, where the route reveals them (the
     # local engine; an emulated branch's own usage); None where only the total is known
     output_tokens_per_choice: tuple[int, ...] | None = None
+    # how different the request's candidates were (``ncap.domain.evidence``), on the
+    # row of the attempt that returned them (an emulated fan-out: its first branch's),
+    # when it returned two or more and ended normally: how many were compared, how
+    # many distinct, the largest group of identical ones, how many called a tool
+    candidates_compared: int | None = None
+    candidates_distinct: int | None = None
+    candidates_majority: int | None = None
+    candidates_tool_calls: int | None = None
 
 
 LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerEvent))

@@ -1,4 +1,4 @@
-"""The candidate-count policy of SPEC §4, decided before dispatch.
+"""The candidate-count policy of a workload (docs/configuration.md), decided before dispatch.
 
 ``decide()`` is pure: the clock is a parameter, so an exception that expires between
 two requests is a test with two timestamps. A denial is returned, never raised, so
@@ -88,7 +88,7 @@ def decide(
     now: datetime,
     count_param: str = "n",
 ) -> Decision:
-    """Apply SPEC §4 to one request; see the module docstring for the rule order.
+    """Apply the candidate-count policy to one request; see the module docstring for the rule order.
 
     ``count_param`` is the request field ``requested`` came from, which a count refusal
     names (``n``, or a legacy request's ``best_of``)."""

@@ -3,8 +3,8 @@
 The probe sends, through the route's own provider (so through the translator of a
 ``gemini`` route), a minimal request with ``n`` = 2 and a small output ceiling, and the
 same request streamed with ``stream_options.include_usage``. Both answers arrive in
-OpenAI's wire format; this module turns them into the contract record (SPEC §5). Pure:
-the instant and the fingerprint are parameters.
+OpenAI's wire format; this module turns them into the contract record
+(``routes.<id>.contract``). Pure: the instant and the fingerprint are parameters.
 
 - ``candidates``: ``native`` when the answer has exactly the choices 0..n-1 and the
   stream carries the same indexes; a single choice (n *ignored*), any other count, or a

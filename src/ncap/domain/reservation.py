@@ -1,4 +1,4 @@
-"""What a request may spend at most, reserved before dispatch (SPEC §6).
+"""What a request may spend at most, reserved before dispatch.
 
 reserved input  = estimated input tokens × prefills (1 native, k = n emulated)
 reserved output = n × per-candidate ceiling    (``per_candidate`` routes, emulation)

@@ -43,7 +43,8 @@ from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_bo
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.http.openapi import add_openapi_route
-from ncap.http.signals import RequestSignals, tracer_for
+from ncap.http.signals import RequestSignals
+from ncap.http.telemetry import telemetry_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
@@ -279,7 +280,7 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
     request_id = app[REQUEST_IDS].next()
     request[REQUEST_ID] = request_id
     signals = app[SIGNALS]
-    signals.begin(request_id)
+    signals.begin(request_id, request.headers)
     try:
         caller = _authenticate(request)
         retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
@@ -345,6 +346,7 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
         await watch.write(response.prepare(request))
         if first is not None:
             await watch.write(response.write(first))
+            signals.first_chunk(request_id)
         async for chunk in bounded:
             await watch.write(response.write(chunk))
     except (ConnectionError, OSError):
@@ -492,10 +494,11 @@ def _grants_sync(config: Config, store: AdminStore, grants: Grants) -> GrantsSyn
     return GrantsSync(store, grants, config.stores.admin_refresh_s if shared else None)
 
 
-def _request_signals(config: Config, tracer_provider: Any) -> RequestSignals:
-    """The access log and traces, as the observability settings ask."""
+def _request_signals(config: Config, tracer_provider: Any, meter_provider: Any) -> RequestSignals:
+    """The access log, spans and GenAI metrics, as the observability settings ask."""
     obs = config.observability
-    return RequestSignals(access_log=obs.access_log, tracer=tracer_for(obs.traces, tracer_provider))
+    telemetry = telemetry_for(obs, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    return RequestSignals(access_log=obs.access_log, telemetry=telemetry)
 
 
 def _route_runtimes(config: Config, metrics: Metrics) -> dict[str, RouteRuntime]:
@@ -526,7 +529,8 @@ def _sessions(store: AdminStore, sync: GrantsSync, grants: Grants) -> Sessions:
 
 
 def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> None:
-    """Every endpoint of SPEC §3, the dashboard, the admin API and the OpenAPI document."""
+    """Every API endpoint (README.md, docs/operations.md), the dashboard, the admin API and
+    the OpenAPI document."""
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
@@ -539,7 +543,11 @@ def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> Non
 
 
 def create_app(
-    config: Config, *, instance_id: str | None = None, tracer_provider: Any = None
+    config: Config,
+    *,
+    instance_id: str | None = None,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
 ) -> web.Application:
     """Wire every concrete part once; the app owns them and closes them on cleanup."""
     app = web.Application(
@@ -566,7 +574,7 @@ def create_app(
     admin_store = app[ADMIN_STORE] = _admin_store(config)
     app[GRANTS_SYNC] = _grants_sync(config, admin_store, grants)
     alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
-    signals = app[SIGNALS] = _request_signals(config, tracer_provider)
+    signals = app[SIGNALS] = _request_signals(config, tracer_provider, meter_provider)
     accounting = Accounting(
         config,
         ledger,
@@ -575,6 +583,7 @@ def create_app(
         metrics=metrics_,
         grants=grants,
         observers=[o for o in (signals, alerter) if o.enabled],
+        start_observers=[signals] if signals.telemetry is not None else [],
     )
     app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s, grants=grants
@@ -620,7 +629,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start-up before the first request, then the orderly shutdown (``cleanup_ctx``)."""
     accounting, peers, admin_store = app[ACCOUNTING], app[PEERS], app[ADMIN_STORE]
     routes = app[GATEWAY].routes.values()
-    # recovery that knows its peers: only dead instances' rows are lost
+    # recovery that knows its peers (docs/decisions/peer-recovery-heartbeats.md): only dead
+    # instances' rows are lost
     await peers.start()
     await _whole_counters(accounting.budgets, app[CONFIG])
     # in-process budgets rebuild from the ledger here even when no peer was lost
@@ -636,6 +646,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(gauges, return_exceptions=True)
     await app[BACKGROUND].drain()
     await app[ALERTER].drain()
+    app[SIGNALS].shutdown()  # the last spans and metrics exported (OTLP)
     await app[GRANTS_SYNC].stop()
     for rt in routes:
         await rt.provider.aclose()

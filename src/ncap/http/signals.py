@@ -1,12 +1,14 @@
 """Operators' signals per request: one sanitized JSON access-log line on the logger
-``ncap.access``, and optional OpenTelemetry spans (one per request, one per attempt).
+``ncap.access``, and optional OpenTelemetry spans (one per request, one per attempt,
+named and annotated by the GenAI conventions) and GenAI metrics (``ncap.http.telemetry``).
 
 What goes in is chosen field by field, never copied from the request: the gateway's
 request id, the workload and environment of the key, configured route and model ids,
 the HTTP status and error code, the policy result and reason, candidate counts,
 token counts, cost and latency. No prompt, completion, header or tool argument can
-reach a line or a span, because nothing read from the body or headers is passed in
-(the canary test in ``tests/http/test_signals.py`` checks it).
+reach a line or a span: nothing read from the body is passed in, and of the headers
+only the trace context's ids and flags are kept (the canary tests in
+``tests/http/test_signals.py`` and ``tests/http/test_otel_genai.py`` check it).
 
 The lifecycle reports each closed attempt (and a denial) through
 ``Accounting(observer=…)``; the handler opens a record when a request arrives and
@@ -20,23 +22,25 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ncap.config import Route
+from ncap.http.telemetry import PROVIDER_NAMES, Telemetry, finish_reason
 from ncap.lifecycle import Attempt, Caller, Plan
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 
 __all__ = [
     "BatchedStreamHandler",
     "RequestSignals",
     "access_logger",
     "log_access_to_stdout",
-    "tracer_for",
 ]
 
 ACCESS_LOGGER = "ncap.access"
@@ -144,25 +148,6 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.flush_now()
 
 
-def tracer_for(enabled: bool, provider: Any = None) -> Tracer | None:
-    """The tracer spans are made with, when traces are on: from ``provider`` (tests pass
-    one with an in-memory exporter), else the process's (set by the operator, e.g. by
-    running under ``opentelemetry-instrument``)."""
-    if not enabled:
-        return None
-    try:
-        from opentelemetry import trace
-    except ImportError as exc:
-        from ncap.errors import ConfigError
-
-        raise ConfigError(
-            "observability.traces needs OpenTelemetry: pip install 'ncap[otel]'"
-        ) from exc
-    source = provider if provider is not None else trace.get_tracer_provider()
-    tracer: Tracer = source.get_tracer("ncap")
-    return tracer
-
-
 @dataclass(slots=True)
 class _Record:
     request_id: str
@@ -175,27 +160,74 @@ class _Record:
     status: int | None = None
     error_code: str | None = None
     latency_ms: float | None = None
+    # open attempt spans by attempt number (telemetry only)
+    attempt_spans: dict[int, Span] = field(default_factory=dict)
 
 
 class RequestSignals:
     """The open requests' records, keyed by request id (an instance's own state)."""
 
-    def __init__(self, *, access_log: bool, tracer: Tracer | None = None) -> None:
+    def __init__(self, *, access_log: bool, telemetry: Telemetry | None = None) -> None:
         self._log = access_logger() if access_log else None
-        self._tracer = tracer
+        self._otel = telemetry
         self._open: dict[str, _Record] = {}
 
     @property
     def enabled(self) -> bool:
-        return self._log is not None or self._tracer is not None
+        return self._log is not None or self._otel is not None
 
-    def begin(self, request_id: str) -> None:
+    @property
+    def telemetry(self) -> Telemetry | None:
+        return self._otel
+
+    def shutdown(self) -> None:
+        """Flush and close the exporters telemetry made (a no-op without them)."""
+        if self._otel is not None:
+            self._otel.shutdown()
+
+    def attempt_begun(self, attempt: Attempt) -> None:
+        """Open the attempt's span (a child of the request's) and give the attempt the
+        ``traceparent`` its upstream request carries. Only told when telemetry is on
+        (``create_app`` registers this observer's start hook then)."""
+        record = self._open.get(attempt.plan.request_id)
+        if record is None or record.span is None or self._otel is None:
+            return
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        record.plan = attempt.plan  # known before the first chunk (time to first token)
+        route = attempt.route.route
+        model = route.upstream_model or attempt.plan.alias
+        # an unsampled trace's spans record nothing: their attributes are not built
+        recording = record.span.is_recording()
+        span = self._otel.tracer.start_span(
+            f"{_operation(attempt.plan)} {model}",
+            context=set_span_in_context(record.span),
+            kind=SpanKind.CLIENT,
+            attributes=_gen_ai_request(
+                attempt.plan, route.provider, model, attempt.plan.candidates_per_attempt
+            )
+            if recording
+            else None,
+        )
+        record.attempt_spans[attempt.number] = span
+        carrier: dict[str, str] = {}
+        self._otel.propagator.inject(carrier, context=set_span_in_context(span))
+        attempt.trace = carrier
+
+    def begin(self, request_id: str, headers: Mapping[str, str] | None = None) -> None:
+        """A request arrived; with telemetry its span continues the client's trace
+        (``traceparent`` in ``headers``)."""
         if not self.enabled:
             return
         record = _Record(request_id, time.monotonic(), time.time_ns())
-        if self._tracer is not None:
-            record.span = self._tracer.start_span(
-                "ncap.request",
+        if self._otel is not None:
+            from opentelemetry.trace import SpanKind
+
+            parent = _parent(self._otel, headers) if headers is not None else None
+            record.span = self._otel.tracer.start_span(
+                "ncap.request",  # renamed ``{operation} {model}`` once the model is known
+                context=parent,
+                kind=SpanKind.SERVER,
                 start_time=record.started_ns,
                 attributes={"ncap.request_id": request_id},
             )
@@ -213,6 +245,17 @@ class RequestSignals:
             record.status, record.error_code = status, error_code
             record.latency_ms = round((time.monotonic() - record.started) * 1000, 3)
 
+    def first_chunk(self, request_id: str) -> None:
+        """A streamed answer's first chunk went out (``gen_ai.server.time_to_first_token``)."""
+        if self._otel is None:
+            return
+        record = self._open.get(request_id)
+        plan = record.plan if record is not None else None
+        if record is not None and plan is not None:
+            elapsed = time.monotonic() - record.started
+            attributes = _metric_attributes(plan, plan.usable_routes[0].route, plan.alias)
+            self._otel.time_to_first_token.record(elapsed, attributes)
+
     # -- the lifecycle's hook (Accounting observer) ---------------------------------------
 
     def attempt_closed(
@@ -224,22 +267,19 @@ class RequestSignals:
         record.plan = plan
         view = _attempt_view(plan, attempt, final, outcome)
         record.attempts.append(view)
-        if record.span is not None and self._tracer is not None and attempt is not None:
-            self._attempt_span(record.span, view)
+        if attempt is not None and self._otel is not None:
+            span = record.attempt_spans.pop(attempt.number, None)
+            if span is not None:
+                _end_attempt_span(span, view)
+            self._count_tokens(plan, attempt, view)
 
-    def _attempt_span(self, parent: Span, view: dict[str, Any]) -> None:
-        from opentelemetry import trace
-
-        assert self._tracer is not None
-        end = time.time_ns()
-        start = end - int((view.get("latency_ms") or 0) * 1e6)
-        span = self._tracer.start_span(
-            "ncap.attempt",
-            context=trace.set_span_in_context(parent),
-            start_time=start,
-            attributes=_attributes(view),
-        )
-        span.end(end_time=end)
+    def _count_tokens(self, plan: Plan, attempt: Attempt, view: Mapping[str, Any]) -> None:
+        assert self._otel is not None
+        route = attempt.route.route
+        attributes = _metric_attributes(plan, route, route.upstream_model or plan.alias)
+        for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
+            if view.get(key) is not None:
+                self._otel.token_usage.record(view[key], {**attributes, "gen_ai.token.type": kind})
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -248,7 +288,7 @@ class RequestSignals:
         if record is None:
             return
         logging_it = self._log is not None and self._log.isEnabledFor(logging.INFO)
-        if not logging_it and record.span is None:
+        if not logging_it and self._otel is None:
             return  # nobody listens: the line is not even built
         line = _line(record)
         if logging_it and self._log is not None:
@@ -258,8 +298,41 @@ class RequestSignals:
                 sink.write_line(text)  # the stdout default: no LogRecord per request
             else:
                 self._log.info(text)
+        if self._otel is not None:
+            self._end_request(record, line)
+
+    def _end_request(self, record: _Record, line: Mapping[str, Any]) -> None:
+        assert self._otel is not None
+        for span in record.attempt_spans.values():  # begun, never closed (cancelled)
+            span.end()
         if record.span is not None:
-            _end_span(record.span, line)
+            _end_span(record.span, record, line)
+        plan = record.plan
+        if plan is not None:
+            route = _answering_route(plan, [a for a in record.attempts if a["attempt"] > 0])
+            attributes = _metric_attributes(plan, route, plan.alias)
+            if isinstance(line.get("status"), int) and line["status"] >= 400:
+                attributes["error.type"] = str(line.get("error_code") or line["status"])
+            elapsed = time.monotonic() - record.started
+            self._otel.request_duration.record(elapsed, attributes)
+
+
+def _parent(otel: Telemetry, headers: Mapping[str, str]) -> Context | None:
+    """The client's trace to continue: its trace id, parent span id and flags only. Its
+    ``tracestate`` (free text a client wrote) is not kept, so it can reach neither an
+    exported span nor an upstream request."""
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        SpanContext,
+        get_current_span,
+        set_span_in_context,
+    )
+
+    sent = get_current_span(otel.propagator.extract(headers)).get_span_context()
+    if not sent.is_valid:
+        return None
+    bare = SpanContext(sent.trace_id, sent.span_id, is_remote=True, trace_flags=sent.trace_flags)
+    return set_span_in_context(NonRecordingSpan(bare))
 
 
 def _attempt_view(
@@ -273,6 +346,9 @@ def _attempt_view(
         "returned": final.get("returned_candidate_count"),
         "input_tokens": final.get("input_tokens"),
         "output_tokens": final.get("output_tokens_total"),
+        "cached_input_tokens": final.get("cached_input_tokens"),
+        "reasoning_tokens": final.get("reasoning_tokens"),
+        "finish_reasons": final.get("finish_reasons"),
         "cost_micros": final.get("cost_micros"),
         "latency_ms": final.get("latency_ms"),
         "requested": plan.decision.requested,
@@ -326,6 +402,21 @@ def _sum(values: Any) -> int | None:
     return sum(known) if known else None
 
 
+_NCAP_ATTEMPT_FIELDS = (
+    "attempt",
+    "route",
+    "outcome",
+    "state",
+    "returned",
+    "input_tokens",
+    "output_tokens",
+    "cost_micros",
+    "latency_ms",
+    "requested",
+    "effective",
+)
+
+
 def _attributes(view: Mapping[str, Any]) -> dict[str, Any]:
     """Span attributes: ``ncap.<name>``, only set values (OpenTelemetry takes no None)."""
     out: dict[str, Any] = {}
@@ -336,11 +427,121 @@ def _attributes(view: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _end_span(span: Span, line: Mapping[str, Any]) -> None:
+def _operation(plan: Plan) -> str:
+    return "chat" if plan.kind == "chat" else "text_completion"
+
+
+def _gen_ai_request(plan: Plan, provider: str, model: str, count: int) -> dict[str, Any]:
+    """The GenAI request attributes of a request or attempt span (``model``: the alias
+    for the request, the upstream's model for an attempt; ``count``: the choices it
+    asked for). Only config ids and numbers: the alias is a configured model (an
+    unknown one never gets a plan)."""
+    out: dict[str, Any] = {
+        "gen_ai.operation.name": _operation(plan),
+        "gen_ai.provider.name": PROVIDER_NAMES.get(provider, provider),
+        "gen_ai.request.model": model,
+    }
+    if count != 1:
+        out["gen_ai.request.choice.count"] = count
+    sampling = plan.sampling
+    if sampling.max_tokens is not None:
+        out["gen_ai.request.max_tokens"] = sampling.max_tokens
+    if sampling.temperature is not None:
+        out["gen_ai.request.temperature"] = sampling.temperature
+    if sampling.seed is not None:
+        out["gen_ai.request.seed"] = sampling.seed
+    return out
+
+
+def _finish_list(counts: Mapping[str, int] | None) -> list[str]:
+    """``gen_ai.response.finish_reasons``: one entry per returned choice."""
+    out: list[str] = []
+    for reason, count in sorted((counts or {}).items()):
+        out.extend([finish_reason(reason)] * count)
+    return out
+
+
+def _gen_ai_usage(views: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Usage and finish reasons of the answered attempts, summed (a fan-out pays each
+    branch's prompt)."""
+    out: dict[str, Any] = {}
+    usage = (
+        ("gen_ai.usage.input_tokens", "input_tokens"),
+        ("gen_ai.usage.output_tokens", "output_tokens"),
+        ("gen_ai.usage.cache_read.input_tokens", "cached_input_tokens"),
+        ("gen_ai.usage.reasoning.output_tokens", "reasoning_tokens"),
+    )
+    for name, key in usage:
+        total = _sum(v.get(key) for v in views)
+        if total is not None:
+            out[name] = total
+    answered = [v for v in views if v["outcome"] in ("completed", "stream_cut")]
+    reasons = [r for v in answered for r in _finish_list(v.get("finish_reasons"))]
+    if reasons:
+        out["gen_ai.response.finish_reasons"] = reasons
+    return out
+
+
+def _end_attempt_span(span: Span, view: Mapping[str, Any]) -> None:
     from opentelemetry.trace import Status, StatusCode
 
+    if not span.is_recording():
+        span.end()
+        return
+    span.set_attributes(_gen_ai_usage([view]))
+    span.set_attributes(_attributes({k: view.get(k) for k in _NCAP_ATTEMPT_FIELDS}))
+    if view["outcome"] not in ("completed", "stream_cut"):
+        span.set_attribute("error.type", str(view["outcome"]))
+        span.set_status(Status(StatusCode.ERROR, str(view["outcome"])))
+    span.end()
+
+
+def _metric_attributes(plan: Plan, route: Route, model: str) -> dict[str, Any]:
+    """Bounded attributes: the configured model and the route's kind only."""
+    return {
+        "gen_ai.operation.name": _operation(plan),
+        "gen_ai.provider.name": PROVIDER_NAMES.get(route.provider, route.provider),
+        "gen_ai.request.model": model,
+        "gen_ai.response.model": route.upstream_model or plan.alias,
+    }
+
+
+def _end_span(span: Span, record: _Record, line: Mapping[str, Any]) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    if not span.is_recording():
+        span.end()
+        return
     span.set_attributes(_attributes({k: v for k, v in line.items() if k != "event"}))
+    plan = record.plan
+    if plan is not None:
+        answered = [a for a in record.attempts if a["attempt"] > 0]
+        route = _answering_route(plan, answered)
+        span.update_name(f"{_operation(plan)} {plan.alias}")
+        span.set_attributes(
+            _gen_ai_request(plan, route.provider, plan.alias, plan.decision.effective)
+        )
+        span.set_attributes(_gen_ai_usage(answered))
+        span.set_attributes(
+            {
+                "gen_ai.response.model": route.upstream_model or plan.alias,
+                "gen_ai.response.id": record.request_id,
+                "ncap.reserved_cost_micros": plan.reservation.cost_micros,
+            }
+        )
     status = line.get("status")
+    if isinstance(status, int) and status >= 400:
+        span.set_attribute("error.type", str(line.get("error_code") or status))
     if isinstance(status, int) and status >= 500:
         span.set_status(Status(StatusCode.ERROR, str(line.get("error_code") or status)))
     span.end()
+
+
+def _answering_route(plan: Plan, attempts: list[dict[str, Any]]) -> Route:
+    """The route of the last attempt (the one whose answer the client got), else the
+    primary."""
+    last = attempts[-1]["route"] if attempts else None
+    for rt in plan.usable_routes:
+        if rt.id == last:
+            return rt.route
+    return plan.usable_routes[0].route

@@ -1,7 +1,7 @@
 """Admission of one request: policy decision and route contracts (a denial writes one
 ``denied`` row and raises, before any upstream call), then the reservation, sized for
 the dearest route the request may use, admitted atomically against every budget window
-(SPEC §4–§6). What comes out is the frozen ``Plan`` and the holds it reserved.
+What comes out is the frozen ``Plan`` and the holds it reserved.
 
 The policy reads the validated request struct (chat or legacy completions: what differs
 is in ``ncap.lifecycle.asked``); only the reservation's size estimate reads the body as
@@ -26,19 +26,22 @@ from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, reservation_for
 from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
 from ncap.lifecycle.asked import Request, given
-from ncap.lifecycle.plan import Caller, Plan, RouteRuntime
+from ncap.lifecycle.plan import Caller, Plan, RouteRuntime, Sampling
 from ncap.lifecycle.settle import Accounting
 from ncap.stores.base import Hold
 
 __all__ = ["Admitter"]
 
 _NOTHING = Reservation(0, 0, 0)
+_NO_SAMPLING = Sampling()
 
 
 class Admitter:
     def __init__(self, config: Config, accounting: Accounting) -> None:
         self.config = config
         self.accounting = accounting
+        # the sampling parameters are only for telemetry: not read when it is off
+        self._sampling = config.observability.telemetry
 
     async def admit(
         self,
@@ -183,6 +186,7 @@ class Admitter:
             started=time.monotonic(),
             kind=asked.kind_of(request),
             returns=returns,
+            sampling=asked.sampling(request) if self._sampling else _NO_SAMPLING,
         )
 
 
@@ -212,6 +216,7 @@ def _draft(
         timestamp=now,
         started=time.monotonic(),
         kind=asked.kind_of(request),
+        sampling=asked.sampling(request),
     )
 
 

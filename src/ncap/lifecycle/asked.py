@@ -16,6 +16,7 @@ from typing import Any
 from msgspec import UNSET
 
 from ncap.domain.reservation import estimate_input_tokens
+from ncap.lifecycle.plan import Sampling
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest
 from ncap.providers.base import RequestKind
@@ -31,6 +32,7 @@ __all__ = [
     "kind_of",
     "max_completion_tokens",
     "returned",
+    "sampling",
 ]
 
 Request = ChatCompletionRequest | CompletionRequest
@@ -81,6 +83,19 @@ def max_completion_tokens(request: Request) -> int | None:
         return None  # the legacy endpoint has only max_tokens
     value: int | None = given(request.max_completion_tokens)
     return value
+
+
+def sampling(request: Request) -> Sampling:
+    """The numeric sampling parameters the request sent (traces report them)."""
+    limit: int | None = max_completion_tokens(request)
+    if limit is None:
+        limit = given(request.max_tokens)
+    temperature = given(request.temperature)
+    return Sampling(
+        max_tokens=limit,
+        temperature=float(temperature) if temperature is not None else None,
+        seed=given(request.seed),
+    )
 
 
 def default_ceiling(request: Request, policy_ceiling: int) -> int:

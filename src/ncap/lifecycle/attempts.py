@@ -1,5 +1,5 @@
 """Attempts: one try of one route each (first call, retry, fallback), with its own
-ledger row and hold (SPEC §3.2).
+ledger row and hold (retries and fallbacks: docs/configuration.md).
 
 ``Attempts.first_answer`` walks the chain in order, each route up to 1 + retries
 times, with exponential backoff and jitter, honouring Retry-After; only retryable
@@ -21,7 +21,13 @@ from ncap.errors import NcapError
 from ncap.lifecycle.failures import as_failure, client_error, may_fall_back, retryable
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.providers.base import CLIENT_REQUEST_ID, AttemptFailed, RequestKind, UpstreamResult
+from ncap.providers.base import (
+    CLIENT_REQUEST_ID,
+    TRACE_HEADERS,
+    AttemptFailed,
+    RequestKind,
+    UpstreamResult,
+)
 from ncap.stores.base import Hold, hold_id_for
 from ncap.streaming.sse import StreamEvent
 
@@ -74,6 +80,8 @@ class Attempts:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
         rt = attempt.route
         CLIENT_REQUEST_ID.set(hold_id_for(attempt.plan.request_id, attempt.number))
+        if attempt.trace is not None:
+            TRACE_HEADERS.set(attempt.trace)  # this task's upstream request carries it
         try:
             return await rt.provider.complete(
                 body, timeout=rt.route.timeout_s, kind=attempt.plan.kind
@@ -85,6 +93,8 @@ class Attempts:
     async def open(self, attempt: Attempt, body: Mapping[str, Any]) -> StreamOpen:
         """One streamed attempt up to its first event; a failure is recorded, then raised."""
         CLIENT_REQUEST_ID.set(hold_id_for(attempt.plan.request_id, attempt.number))
+        if attempt.trace is not None:
+            TRACE_HEADERS.set(attempt.trace)
         try:
             return await _open_stream(attempt.route, body, attempt.plan.kind)
         except (AttemptFailed, NcapError) as exc:

@@ -1,5 +1,5 @@
 """What a failed attempt means, in one table: its ledger outcome and the error the
-client sees once retries and fallbacks are spent (SPEC §3.2, §6).
+client sees once retries and fallbacks are spent.
 
 Providers normalize their upstream's errors into ``AttemptFailed`` (kind, status,
 ``UpstreamErrorDetail``): facts only. ``classify`` names the failure's class and

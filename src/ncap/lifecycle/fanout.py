@@ -19,8 +19,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ncap.domain.evidence import Evidence
 from ncap.errors import NcapError, UpstreamError
 from ncap.lifecycle.attempts import Attempts, StreamOpen
+from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.failures import client_error
 from ncap.lifecycle.plan import Attempt, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import error_event
@@ -52,14 +54,16 @@ class FanOut:
         answered = [
             (a, r) for a, r in zip(branches, results, strict=True) if isinstance(r, UpstreamResult)
         ]
-        settle = self._settle_answers(answered)
         failures = [r for r in results if isinstance(r, BaseException)]
+        evidence = None if failures else _evidence([r for _, r in answered])
+        settle = self._settle_answers(answered, evidence)
         if failures:  # all or nothing: the answered branches are settled (they were paid)
             await settle
             raise _raised(failures[0])
         merged, returned = _merge(_id(plan), [r for _, r in answered])
         headers = plan.headers(rt.id)
         headers["x-ncap-candidates-returned"] = str(returned)
+        headers.update(evidence_headers(evidence))
         headers["content-type"] = "application/json"
         return Reply(200, headers, merged, after=settle)
 
@@ -113,11 +117,15 @@ class FanOut:
         return [first, *await asyncio.gather(*rest, return_exceptions=True)]
 
     def _settle_answers(
-        self, answered: Sequence[tuple[Attempt, UpstreamResult]]
+        self, answered: Sequence[tuple[Attempt, UpstreamResult]], evidence: Evidence | None
     ) -> Coroutine[Any, Any, None]:
         """Each answered branch's hold settlement started before the answer goes out
-        (``Accounting.answered_early``); the rest of the settlement returned."""
-        rests = [self.accounting.answered_early(a, answered_report(r)) for a, r in answered]
+        (``Accounting.answered_early``); the rest of the settlement returned. The
+        candidates' evidence goes on the first branch's row (once per request)."""
+        rests = [
+            self.accounting.answered_early(a, answered_report(r, evidence if i == 0 else None))
+            for i, (a, r) in enumerate(answered)
+        ]
         return _in_order(rests)
 
     async def _abort(self, branches: Sequence[Branch]) -> None:
@@ -132,9 +140,10 @@ class FanOut:
         queue: Queue = asyncio.Queue()
         tallies = [Tally(provider_request_id=b.provider_request_id) for _, b in branches]
         pumps = [asyncio.create_task(_pump(i, b, queue)) for i, (_, b) in enumerate(branches)]
+        feed = EvidenceFeed()  # the branches' candidates, each at its branch's index
         cut: str | None = "client_disconnect"
         try:
-            async for out in _merged(plan, queue, tallies):
+            async for out in _merged(plan, queue, tallies, feed):
                 yield out
             cut = None if all(t.done for t in tallies) else "stream_truncated"
             for out in _ending(plan, tallies, cut):
@@ -146,14 +155,20 @@ class FanOut:
             for task in pumps:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-            await asyncio.shield(self._settle_streams(branches, tallies, cut))
+            evidence = feed.finish(complete=cut is None)
+            await asyncio.shield(self._settle_streams(branches, tallies, cut, evidence))
 
     async def _settle_streams(
-        self, branches: Sequence[Branch], tallies: Sequence[Tally], cut: str | None
+        self,
+        branches: Sequence[Branch],
+        tallies: Sequence[Tally],
+        cut: str | None,
+        evidence: Evidence | None,
     ) -> None:
-        for (attempt, branch), tally in zip(branches, tallies, strict=True):
+        for i, ((attempt, branch), tally) in enumerate(zip(branches, tallies, strict=True)):
             await branch.stack.aclose()
-            report = stream_report(tally, None if tally.done else (cut or "stream_truncated"))
+            ended = None if tally.done else (cut or "stream_truncated")
+            report = stream_report(tally, ended, evidence if i == 0 else None)
             await self.accounting.stream_finished(attempt, report)
 
 
@@ -202,7 +217,9 @@ def _raised(failure: BaseException) -> BaseException:
     return client_error(failure) if isinstance(failure, AttemptFailed) else failure
 
 
-async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIterator[bytes]:
+async def _merged(
+    plan: Plan, queue: Queue, tallies: Sequence[Tally], feed: EvidenceFeed
+) -> AsyncIterator[bytes]:
     """The branches' chunks as they come, until every branch ended; a failure raises."""
     live = len(tallies)
     while live:
@@ -212,7 +229,7 @@ async def _merged(plan: Plan, queue: Queue, tallies: Sequence[Tally]) -> AsyncIt
             continue
         if isinstance(item, BaseException):
             raise item
-        out = _rebase(item, tallies[index], index, _id(plan))
+        out = _rebase(item, tallies[index], index, _id(plan), feed)
         if out:
             yield out
 
@@ -247,7 +264,9 @@ def _id(plan: Plan) -> str:
     return f"{'chatcmpl' if plan.kind == 'chat' else 'cmpl'}-{plan.request_id}"
 
 
-def _rebase(event: StreamEvent, tally: Tally, index: int, merged_id: str) -> bytes | None:
+def _rebase(
+    event: StreamEvent, tally: Tally, index: int, merged_id: str, feed: EvidenceFeed
+) -> bytes | None:
     """A branch's chunk as the merged stream's: its choice moved to the branch's index;
     its own usage chunk and ``[DONE]`` kept back (the merged stream ends once)."""
     if event.summary is None:
@@ -256,6 +275,7 @@ def _rebase(event: StreamEvent, tally: Tally, index: int, merged_id: str) -> byt
     tally.add(event.summary)
     if not event.summary.choices:
         return None
+    feed.chunk(event.data, index)
     chunk = msgspec.json.decode(event.data)
     tally.model = tally.model or str(chunk.get("model") or "")
     chunk["id"] = merged_id
@@ -291,6 +311,16 @@ def _merge(merged_id: str, results: Sequence[UpstreamResult]) -> tuple[bytes, in
     else:
         merged.pop("usage", None)  # not all branches reported: the total is unknown
     return _encode(merged), len(choices)
+
+
+def _evidence(results: Sequence[UpstreamResult]) -> Evidence | None:
+    """How different the branches' candidates were, each at its merged index."""
+    feed = EvidenceFeed()
+    first = 0
+    for result in results:
+        feed.body(result.body, first)
+        first += len(result.summary.choices)
+    return feed.finish()
 
 
 async def _in_order(settlements: Sequence[Coroutine[Any, Any, None]]) -> None:

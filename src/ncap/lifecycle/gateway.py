@@ -19,6 +19,7 @@ from ncap.config import Config
 from ncap.errors import InvalidValue, ModelNotFound, NcapError, UnknownParameter
 from ncap.lifecycle.admit import Admitter
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
+from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.fanout import FanOut
 from ncap.lifecycle.idempotency import Idempotency, IdempotentRequest
 from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
@@ -184,12 +185,18 @@ class Gateway:
             return await self._attempts.call(attempt, self._routed(plan, body, attempt.route))
 
         attempt, result = await self._attempts.first_answer(plan, holds, call)
+        evidence = None
+        if len(result.summary.choices) > 1:
+            feed = EvidenceFeed()
+            feed.body(result.body)
+            evidence = feed.finish()
         headers = plan.headers(attempt.route.id)
         headers["x-ncap-candidates-returned"] = str(len(result.summary.choices))
+        headers.update(evidence_headers(evidence))
         headers["content-type"] = "application/json"
         # settled while the answer is on its way: the attempt's reserved row is already
         # durable, so a crash in between leaves it for recovery (gateway_lost)
-        settle = self.accounting.answered_early(attempt, answered_report(result))
+        settle = self.accounting.answered_early(attempt, answered_report(result, evidence))
         return Reply(200, headers, result.body, after=settle)
 
     async def _stream(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:

@@ -1,4 +1,4 @@
-"""Client ``Idempotency-Key``: a retried request is not dispatched twice (SPEC §12).
+"""Client ``Idempotency-Key``: a retried request is not dispatched twice.
 
 The one hook before admission (``Gateway.chat``). The key is scoped to the workload and
 the API key that sent it, and hashed (``<workload>:<key id>:<sha256(key)>``, without the

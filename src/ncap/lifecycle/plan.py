@@ -14,6 +14,7 @@ from typing import Any
 
 from ncap.config import Route
 from ncap.domain.events import LedgerEvent
+from ncap.domain.evidence import Evidence
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
 from ncap.protocol.responses import SummaryUsage
@@ -21,7 +22,7 @@ from ncap.providers.base import Provider, RequestKind
 from ncap.providers.kinds import Capabilities, capabilities_of
 from ncap.stores.base import Hold
 
-__all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime"]
+__all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime", "Sampling"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,16 @@ class Reply:
 
 
 @dataclass(frozen=True, slots=True)
+class Sampling:
+    """The request's numeric sampling parameters as sent (None: not sent), which traces
+    report; never anything the client wrote as text."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """One admitted request: what policy decided, what is reserved, which routes it may
     use. Frozen once admitted; what changes per attempt lives on the ``Attempt``."""
@@ -86,6 +97,7 @@ class Plan:
     # the first attempt's ``reserved`` row when admission wrote it beside the
     # reservation (budgets on another server: ``Accounting.reserve_beside_row``)
     first_row: LedgerEvent | None = None
+    sampling: Sampling = Sampling()
 
     @property
     def candidates_per_attempt(self) -> int:
@@ -126,6 +138,9 @@ class Attempt:
     row: LedgerEvent
     started: float
     closed: bool = False
+    # trace headers for this attempt's upstream request (``traceparent``), set by an
+    # observer when traces are on; None otherwise
+    trace: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +154,5 @@ class AttemptReport:
     stream: bool
     cut: str | None  # why a stream ended early, None when it ended normally
     choice_tokens: tuple[int, ...] | None = None  # per choice, when the provider told
+    # how different its candidates were (two or more, read whole; counts only)
+    evidence: Evidence | None = None

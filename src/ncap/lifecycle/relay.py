@@ -10,6 +10,7 @@ import msgspec
 
 from ncap.errors import NcapError, UpstreamError
 from ncap.lifecycle.attempts import StreamOpen
+from ncap.lifecycle.evidence import EvidenceFeed
 from ncap.lifecycle.failures import stream_cut
 from ncap.lifecycle.plan import Attempt
 from ncap.lifecycle.reports import Tally, stream_report
@@ -28,6 +29,8 @@ async def relay(
     """Forward each upstream event as it arrives; the attempt is closed in ``finally``
     whatever ends the stream (its end, a cut, the client going away)."""
     tally = Tally(provider_request_id=opened.provider_request_id)
+    if attempt.plan.expected_returned > 1:
+        tally.evidence = EvidenceFeed()
     wants_usage = attempt.plan.client_wants_usage
     cut: str | None = "client_disconnect"
     try:
@@ -55,6 +58,8 @@ def _take(event: StreamEvent, tally: Tally, client_wants_usage: bool) -> bytes |
         tally.done = event.done or event.raw == DONE
         return event.raw
     tally.add(event.summary)
+    if tally.evidence is not None and event.summary.choices:
+        tally.evidence.chunk(event.data)
     if event.choice_tokens is not None:
         tally.choice_tokens = event.choice_tokens
     if event.summary.usage is None or client_wants_usage:

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncap.domain.evidence import Evidence
+from ncap.lifecycle.evidence import EvidenceFeed
 from ncap.lifecycle.plan import AttemptReport
 from ncap.protocol.responses import ResponseSummary, SummaryUsage
 from ncap.providers.base import UpstreamResult
@@ -24,6 +26,8 @@ class Tally:
     usage: SummaryUsage | None = None
     done: bool = False
     choice_tokens: tuple[int, ...] | None = None
+    # the candidates compared as they pass (set when two or more are expected)
+    evidence: EvidenceFeed | None = None
 
     def add(self, summary: ResponseSummary) -> None:
         if self.provider_request_id is None:
@@ -36,7 +40,7 @@ class Tally:
             self.usage = summary.usage
 
 
-def answered_report(result: UpstreamResult) -> AttemptReport:
+def answered_report(result: UpstreamResult, evidence: Evidence | None = None) -> AttemptReport:
     summary = result.summary
     return AttemptReport(
         provider_request_id=result.provider_request_id or summary.id,
@@ -46,10 +50,15 @@ def answered_report(result: UpstreamResult) -> AttemptReport:
         stream=False,
         cut=None,
         choice_tokens=result.choice_tokens,
+        evidence=evidence,
     )
 
 
-def stream_report(tally: Tally, cut: str | None) -> AttemptReport:
+def stream_report(tally: Tally, cut: str | None, evidence: Evidence | None = None) -> AttemptReport:
+    """``evidence`` given (a fan-out's, over all its branches), or the tally's own
+    feed's when the stream ended normally."""
+    if tally.evidence is not None:
+        evidence = tally.evidence.finish(complete=cut is None)
     return AttemptReport(
         provider_request_id=tally.provider_request_id,
         returned=len(tally.finish),
@@ -58,6 +67,7 @@ def stream_report(tally: Tally, cut: str | None) -> AttemptReport:
         stream=True,
         cut=cut,
         choice_tokens=tally.choice_tokens,
+        evidence=evidence,
     )
 
 

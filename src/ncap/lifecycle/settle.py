@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from ncap.config import Config, ExceptionGrant, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import LEDGER_INT_MAX, AttemptOutcome, EventState, LedgerEvent, settle
+from ncap.domain.evidence import Evidence
 from ncap.domain.grants import Grants
 from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
@@ -62,6 +63,13 @@ class AttemptObserver(Protocol):
     ) -> None: ...
 
 
+class AttemptStartObserver(Protocol):
+    """Told when an attempt begins, before its upstream request (traces open its span
+    and may set ``Attempt.trace``)."""
+
+    def attempt_begun(self, attempt: Attempt) -> None: ...
+
+
 log = logging.getLogger("ncap.lifecycle")
 
 # outcomes that generated nothing: settled at zero, the hold released
@@ -72,7 +80,7 @@ class Accounting:
     """The ledger and the budgets, as the lifecycle uses them (and their readiness and
     shutdown, which the composition root drives). Recovering a dead gateway's rows and
     holds is not here: ``stores.PeerWatch`` does it, knowing which instances are alive
-    (an earlier ``start()`` marked every instance's rows lost, live peers' too)."""
+    (an earlier ``start()`` marked every instance's rows lost, live peers' included)."""
 
     def __init__(
         self,
@@ -85,11 +93,14 @@ class Accounting:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         grants: Grants | None = None,
         observers: Sequence[AttemptObserver] = (),
+        start_observers: Sequence[AttemptStartObserver] = (),
     ) -> None:
         self.config = config
         # exceptions and keys in force (the admin API changes them without a restart)
         self.grants = grants or Grants.from_config(config)
         self.observers = tuple(observers)
+        # told when an attempt begins (traces); none unless telemetry is on
+        self.start_observers = tuple(start_observers)
         self.ledger = ledger
         self.budgets = budgets
         self.instance = instance
@@ -325,7 +336,13 @@ class Accounting:
             except StoreUnavailable:
                 self.void_later(row)  # it may still commit: recorded as refused then
                 raise
-        return Attempt(plan, holds, number, rt, holds[number], row, time.monotonic())
+        attempt = Attempt(plan, holds, number, rt, holds[number], row, time.monotonic())
+        for observer in self.start_observers:
+            try:
+                observer.attempt_begun(attempt)
+            except Exception as exc:  # an observer's bug must not fail the request
+                log.error("attempt observer failed: %s", type(exc).__name__)
+        return attempt
 
     async def answered(self, attempt: Attempt, report: AttemptReport) -> None:
         await self._close(attempt, report, "completed")
@@ -429,7 +446,7 @@ class Accounting:
     def _final(
         self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
     ) -> tuple[dict[str, Any], bool]:
-        """The row's final columns (SPEC §7) from what the attempt reported, and whether
+        """The row's final columns (docs/ledger.md) from what the attempt reported, and whether
         its hold stays reserved."""
         usage, rejected = report.usage, outcome in _NOTHING_GENERATED
         settlement = settle(
@@ -448,6 +465,8 @@ class Accounting:
             final["output_tokens_per_choice"] = _per_choice(attempt, report)
         else:
             final = {}
+        if report.evidence is not None and not rejected:
+            final.update(_evidence_columns(report.evidence))
         final.update(
             # an upstream's id as it sent it is untrusted: the ledger keeps plausible ids only
             provider_request_id=bounded_id(report.provider_request_id),
@@ -485,6 +504,15 @@ class Accounting:
             m.child(m.tokens, rid, "out").inc(final["output_tokens_total"])
         if final["state"] in ("pending", "usage_reconciliation_required"):
             m.pending_reconciliation.inc()
+        compared = final.get("candidates_compared")
+        if compared:
+            m.candidates(
+                attempt.plan.caller.workload_id,
+                compared,
+                final["candidates_distinct"],
+                final["candidates_majority"],
+                final["candidates_tool_calls"],
+            )
 
 
 @dataclass(slots=True)
@@ -686,6 +714,15 @@ def _per_choice(attempt: Attempt, report: AttemptReport) -> tuple[int, ...] | No
     if attempt.plan.emulated and report.returned == 1:
         return (total,)
     return None
+
+
+def _evidence_columns(evidence: Evidence) -> dict[str, int]:
+    return {
+        "candidates_compared": evidence.compared,
+        "candidates_distinct": evidence.distinct,
+        "candidates_majority": evidence.majority,
+        "candidates_tool_calls": evidence.tool_calls,
+    }
 
 
 def _usage_source(usage: SummaryUsage | None, stream: bool, outcome: AttemptOutcome) -> Any:

@@ -1,4 +1,5 @@
-"""Limits on a validated request that its wire struct does not state (issue 15)."""
+"""Limits on a validated request that its wire struct does not state (the
+config's ``limits``, docs/configuration.md)."""
 
 from __future__ import annotations
 

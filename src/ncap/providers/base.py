@@ -22,6 +22,7 @@ from ncap.streaming.sse import StreamEvent
 
 __all__ = [
     "CLIENT_REQUEST_ID",
+    "TRACE_HEADERS",
     "AttemptFailed",
     "Provider",
     "RequestKind",
@@ -35,6 +36,10 @@ __all__ = [
 # (OpenAI's ``X-Client-Request-Id``), so that a row the provider never named (a lost
 # gateway, a timeout) can still be matched in its usage records
 CLIENT_REQUEST_ID: ContextVar[str | None] = ContextVar("ncap_client_request_id", default=None)
+
+TRACE_HEADERS: ContextVar[Mapping[str, str] | None] = ContextVar("ncap_trace_headers", default=None)
+"""The trace context (``traceparent``) the current task's upstream request carries, set
+per attempt when traces are on; HTTP providers add it to their request's headers."""
 
 FailureKind = Literal["status", "timeout", "connection", "protocol", "oversized"]
 RequestKind = Literal["chat", "completions"]

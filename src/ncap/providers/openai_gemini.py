@@ -680,7 +680,7 @@ class GeminiStream:
     def end(self) -> list[StreamEvent]:
         """At the upstream's end of stream: the usage event and ``[DONE]`` when the stream
         is complete; nothing when it was cut, so the relay sees a stream that ended
-        without usage or ``[DONE]`` (pending settlement, SPEC §6)."""
+        without usage or ``[DONE]`` (its row stays pending, its hold reserved, until reconciled)."""
         if not self.complete:
             return []
         return [*map(_event, self.close()), StreamEvent(DONE, None, done=True)]

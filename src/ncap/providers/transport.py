@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
+from ncap.providers.base import TRACE_HEADERS, AttemptFailed, UpstreamErrorDetail
 from ncap.redact import Redactor
 
 __all__ = [
@@ -184,7 +184,11 @@ class HttpTransport:
         try:
             target = url or self.url
             async with self._client().post(
-                target, data=data, timeout=client_timeout, allow_redirects=False, headers=headers
+                target,
+                data=data,
+                timeout=client_timeout,
+                allow_redirects=False,
+                headers=_with_trace(headers),
             ) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
@@ -225,7 +229,7 @@ class HttpTransport:
                     data=data,
                     timeout=client_timeout,
                     allow_redirects=False,
-                    headers=headers,
+                    headers=_with_trace(headers),
                 ),
                 timeout,
             )
@@ -326,3 +330,11 @@ def _converted(exc: Exception, partial: bool) -> AttemptFailed | None:
         # a response the HTTP parser rejects mid-body (a line or chunk it cannot read)
         return AttemptFailed("protocol", 200, detail=type(exc).__name__, partial=partial)
     return None
+
+
+def _with_trace(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """The attempt's own headers (``X-Client-Request-Id``) and the trace context."""
+    trace = TRACE_HEADERS.get()
+    if trace is None or headers is None:
+        return headers if trace is None else trace
+    return {**trace, **headers}

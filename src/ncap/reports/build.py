@@ -33,6 +33,7 @@ from typing import Any, Literal
 from ncap.config import ExceptionGrant, Pricing, Thresholds, utcnow
 from ncap.domain.money import micros_from_usd
 from ncap.reports.admin_tables import budget_alerts
+from ncap.reports.evidence import candidate_evidence, duplicate_alerts
 from ncap.reports.model import (
     Alert,
     DenialRow,
@@ -56,7 +57,7 @@ __all__ = ["STEPS", "build_report", "nearest_rank", "population_stability_index"
 
 Step = Callable[[str], None]
 UNSETTLED = "('pending', 'usage_reconciliation_required')"
-STEPS = ("window", "requests", "previous window", "exceptions", "pending")
+STEPS = ("window", "requests", "previous window", "exceptions", "pending", "candidates")
 
 _CUBE_SQL = """
 SELECT workload_id, route_id, upstream_model, requested_candidate_count, exception_id,
@@ -194,6 +195,8 @@ def build_report(
     pending = _pending(source, window)
     output = _output_stats(groups, cells)
     shift = _shift(cells, before, limits)
+    tick("candidates")
+    candidates = candidate_evidence(source, window, pricing)
     report = Report(
         kind=kind,
         generated_at=now,
@@ -215,10 +218,12 @@ def build_report(
         thresholds=limits.model_dump(),
         alerts=[],
         elapsed_ms=0.0,
+        candidates=candidates,
     )
     alerts = [
         *_threshold_alerts(report, limits, now),
         *_shift_alerts(shift, limits.distribution_shift_psi),
+        *duplicate_alerts(candidates, limits),
         *budget_alerts(source, window),
         *extra_alerts,
     ]

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 __all__ = [
     "Alert",
+    "CandidateEvidence",
     "ChoiceCost",
     "DenialRow",
     "DistributionRow",
@@ -141,6 +142,29 @@ class ExceptionUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class CandidateEvidence:
+    """How different one workload's (and exception's) candidates were in the window,
+    and what other candidate counts would have cost (``reports/evidence.py``)."""
+
+    workload_id: str
+    exception_id: str | None
+    requests: int  # with evidence: two or more candidates returned in full
+    candidates: int
+    distinct_share_mean: float
+    agreement_mean: float
+    agreement: dict[str, int]  # requests per majority-share bin
+    tool_call_share_mean: float
+    duplicate_output_share: float | None
+    priced_requests: int  # usage and prices known: the what-if is over these
+    spent_micros: int
+    what_if: dict[int, int]  # n -> micro-USD for the priced requests at n candidates
+    saving_at_one_micros: int | None
+    emulated_requests: int
+    emulated_spent_micros: int | None
+    native_equivalent_micros: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class DenialRow:
     reason: str
     workload_id: str
@@ -212,6 +236,7 @@ class Report:
     thresholds: dict[str, Any]
     alerts: list[Alert]
     elapsed_ms: float
+    candidates: list[CandidateEvidence] = field(default_factory=list)
 
     @property
     def pending_total(self) -> PendingRow:

@@ -19,11 +19,18 @@ from rich.table import Table
 from rich.text import Text
 
 from ncap.domain.money import format_usd
-from ncap.reports.model import Report, report_dict
+from ncap.reports.model import CandidateEvidence, Report, report_dict
 from ncap.reports.svg import bar_chart, budget_chart, column_series, paired_bar_chart
 from ncap.reports.timeline import CandidateSpend, Timeline
 
-__all__ = ["render_html", "render_json", "render_tables", "render_tsv", "template_environment"]
+__all__ = [
+    "evidence_tables",
+    "render_html",
+    "render_json",
+    "render_tables",
+    "render_tsv",
+    "template_environment",
+]
 
 
 def render_json(report: Report) -> str:
@@ -92,7 +99,7 @@ def render_tsv(report: Report) -> str:
 
 def _tables(r: Report) -> list[Section]:
     """One table per section, in the order of the HTML page."""
-    return [*_overview(r), *_candidates(r), *_money(r)]
+    return [*_overview(r), *_candidates(r), *_money(r), *evidence_tables(r.candidates)]
 
 
 def _overview(r: Report) -> list[Section]:
@@ -186,6 +193,66 @@ def _candidates(r: Report) -> list[Section]:
             [[d.reason, d.workload_id, _n(d.requests)] for d in r.denials],
         ),
     ]
+
+
+def evidence_tables(rows: list[CandidateEvidence]) -> list[Section]:
+    """How different the candidates were per workload and exception, and the what-if of
+    n (also the exception review's view, ``ncap report candidates``)."""
+    evidence = _table(
+        "candidate evidence (requests returning two or more candidates)",
+        [
+            "workload",
+            "exception",
+            "requests",
+            "distinct / returned",
+            "agreement",
+            "agreement 1.0 | .75-1 | .5-.75 | <.5",
+            "tool calls",
+            "duplicate output",
+        ],
+        [
+            [
+                e.workload_id,
+                e.exception_id or "–",
+                _n(e.requests),
+                _n(e.distinct_share_mean),
+                _n(e.agreement_mean),
+                " | ".join(str(v) for v in e.agreement.values()),
+                _n(e.tool_call_share_mean),
+                _pct(e.duplicate_output_share),
+            ]
+            for e in rows
+        ],
+    )
+    what_if = _table(
+        "what-if of n (measured prompt P and completion C per request, route prices)",
+        [
+            "workload",
+            "exception",
+            "priced",
+            "spent",
+            "at n=1",
+            "saving at n=1",
+            "cost(n)",
+            "emulated spent",
+            "same on native",
+        ],
+        [
+            [
+                e.workload_id,
+                e.exception_id or "–",
+                _n(e.priced_requests),
+                _usd(e.spent_micros),
+                _usd(e.what_if.get(1)),
+                _usd(e.saving_at_one_micros),
+                ", ".join(f"{n}: {format_usd(c)}" for n, c in e.what_if.items()),
+                _usd(e.emulated_spent_micros),
+                _usd(e.native_equivalent_micros),
+            ]
+            for e in rows
+        ],
+    )
+    return [evidence, what_if]
 
 
 _EXCEPTION_HEADERS = [

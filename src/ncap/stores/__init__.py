@@ -1,4 +1,4 @@
-"""Ledger and budget stores, chosen by URL scheme (SPEC Appendix A ``stores:``).
+"""Ledger and budget stores, chosen by URL scheme (config ``stores:``, docs/configuration.md).
 
 ``memory://``            in-process: budgets rebuilt from the ledger at start-up (the
                          embedded default); a ledger bounded to its newest rows

@@ -88,7 +88,7 @@ class ImportResult:
 
 
 class LedgerStore(Protocol):
-    """One durable row per attempt (SPEC §7)."""
+    """One durable row per attempt (its columns: docs/ledger.md)."""
 
     async def append(self, event: LedgerEvent) -> None:
         """Durable when it returns; raises on any write failure or a duplicate attempt."""

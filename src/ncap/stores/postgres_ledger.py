@@ -82,6 +82,10 @@ _TYPES: dict[str, str] = {
     "denied_amount": "int8",
     "upstream_status": "int4",
     "client_retry_count": "int4",
+    "candidates_compared": "int4",
+    "candidates_distinct": "int4",
+    "candidates_majority": "int4",
+    "candidates_tool_calls": "int4",
 }
 # ledger_durability -> the connections' synchronous_commit (None: the server's own)
 _SYNCHRONOUS: dict[LedgerDurability, str | None] = {"normal": "off", "full": None}

@@ -72,7 +72,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     (
         2,
-        # client Idempotency-Key records (issue 9; stores/idempotency.py)
+        # client Idempotency-Key records (stores/idempotency.py)
         """
         CREATE TABLE idempotency_keys (
             key TEXT PRIMARY KEY,

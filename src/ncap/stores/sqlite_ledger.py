@@ -3,8 +3,8 @@
 ``append`` returns once the row's transaction has committed (``_sqlite.SQLiteWriter``),
 so the row is durable and visible to any new connection; reads use their own
 connection and never wait for the writer. The schema is versioned in
-``schema_version``; the column names are SPEC §7's, then ncap's own (``denied_by``,
-``denied_limit``, ``denied_amount``, ``upstream_status``: migration 3;
+``schema_version``; the column names are the ledger's (docs/ledger.md), then
+ncap's own (``denied_by``, ``denied_limit``, ``denied_amount``, ``upstream_status``: migration 3;
 ``client_retry_count``: migration 4), which the
 PostgreSQL adapter shares.
 Timestamps are stored as fixed-width UTC ISO text

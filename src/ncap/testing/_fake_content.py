@@ -13,12 +13,15 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "CandidatePattern",
     "ChoiceText",
     "ContentPart",
     "PromptMessage",
     "choice_text",
     "digest_messages",
     "digest_prompt",
+    "labelled_choice",
+    "parse_pattern",
     "prompt_strings",
 ]
 
@@ -90,7 +93,7 @@ _VOCAB = [
 ]
 _PIECES = tuple(" " + word for word in _VOCAB)
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ContentPart(msgspec.Struct):
@@ -106,10 +109,12 @@ class PromptMessage(msgspec.Struct):
 
 
 class ChoiceText(msgspec.Struct, frozen=True):
-    """One generated choice: its pieces (one token each) and why it stopped."""
+    """One generated choice: its pieces (one token each) and why it stopped. A choice
+    that calls ``tool`` has no text: its pieces are the call's JSON arguments."""
 
     pieces: list[str]
     finish_reason: FinishReason
+    tool: str | None = None
 
     @property
     def content(self) -> str:
@@ -169,3 +174,39 @@ def prompt_strings(prompt: Any) -> list[str]:
     if isinstance(prompt, list) and prompt:
         return [p if isinstance(p, str) else " ".join(map(str, p)) for p in prompt]
     return [""]
+
+
+def parse_pattern(spec: str | None) -> tuple[str, ...]:
+    """``x-fake-candidates``: one label per candidate, comma-separated (``a,a,a,b,tool:f``).
+    Candidates with the same label are identical; ``tool:NAME`` calls tool NAME with
+    the same arguments each time; ValueError on an empty label."""
+    if spec is None:
+        return ()
+    labels = tuple(label.strip() for label in spec.split(","))
+    if not all(labels) or any(label == "tool:" for label in labels):
+        raise ValueError(f"x-fake-candidates needs non-empty labels, got {spec!r}")
+    return labels
+
+
+def labelled_choice(label: str, cap: int | None, forced: int | None = None) -> ChoiceText:
+    """The candidate a label stands for: the same label, the same candidate."""
+    if label.startswith("tool:"):
+        name = label[5:]
+        arguments = ['{"query": ', f'"{name} now", ', '"limit": 3}']
+        return ChoiceText(arguments, "tool_calls", tool=name)
+    seed = int.from_bytes(hashlib.blake2b(label.encode(), digest_size=8).digest(), "little")
+    return choice_text(seed, 0, cap, forced)
+
+
+class CandidatePattern:
+    """Hands out a pattern's labels in turn, per pattern: a request for n candidates
+    takes the next n, so the k single-candidate branches of an emulated fan-out get
+    the pattern's k labels between them, as one native request of n = k does."""
+
+    def __init__(self) -> None:
+        self.next: dict[tuple[str, ...], int] = {}
+
+    def take(self, labels: tuple[str, ...], count: int) -> tuple[str, ...]:
+        start = self.next.get(labels, 0)
+        self.next[labels] = start + count
+        return tuple(labels[(start + i) % len(labels)] for i in range(count))

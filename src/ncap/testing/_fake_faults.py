@@ -32,7 +32,11 @@ parameter; the ``x-fake-*`` header in brackets overrides it.
 Other headers: ``x-fake-error-code`` (replace an error's code), ``x-fake-completion-tokens``
 (exact tokens per choice before the ceiling), ``x-fake-cached-tokens``,
 ``x-fake-reasoning-tokens`` (usage details; reasoning adds to completion_tokens), and
-``x-fake-fail-times: K`` + ``x-fake-fail-key`` (faults only for the key's first K requests).
+``x-fake-fail-times: K`` + ``x-fake-fail-key`` (faults only for the key's first K requests),
+``x-fake-candidates: a,a,a,b,tool:f`` (candidates duplicated at set rates: one label per
+candidate, the same label the same candidate, ``tool:NAME`` a call of tool NAME; a
+request for n candidates takes the pattern's next n labels, so k single-candidate
+requests share one pattern as one request for k does).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ncap.errors import InvalidValue, NcapError, Overloaded, RateLimitExceeded, SlowDown
+from ncap.testing._fake_content import parse_pattern
 
 __all__ = [
     "PROFILES",
@@ -143,6 +148,8 @@ class Plan:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     max_candidates: int = 1  # refuse_candidates: the most n accepted
+    # x-fake-candidates: one label per candidate (same label, same candidate)
+    candidates: tuple[str, ...] = ()
     cache_ttl_s: float = 300.0  # prompt_cache: how long an entry lives
 
 
@@ -221,6 +228,7 @@ def resolve_plan(faults: Faults, headers: Mapping[str, str], base_latency_ms: fl
         cached_tokens=_int_header(headers, "x-fake-cached-tokens") or 0,
         reasoning_tokens=_int_header(headers, "x-fake-reasoning-tokens") or 0,
         max_candidates=max(1, int(num("max_candidates", 1.0))),
+        candidates=parse_pattern(headers.get("x-fake-candidates")),
         cache_ttl_s=num("cache_ttl_s", 300.0),
     )
 

@@ -59,10 +59,23 @@ class _Usage(_Wire, kw_only=True):
     completion_tokens_details: _CompletionDetails
 
 
+class _Function(_Wire, kw_only=True):
+    name: str | UnsetType = UNSET
+    arguments: str
+
+
+class _ToolCall(_Wire, kw_only=True):
+    index: int | UnsetType = UNSET  # in a stream's delta only
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: _Function
+
+
 class _Message(_Wire, kw_only=True):
     role: str = "assistant"
     content: str | None
     refusal: None = None
+    tool_calls: list[_ToolCall] | UnsetType = UNSET
     annotations: list[Any] = []
 
 
@@ -77,6 +90,7 @@ class _Delta(_Wire, kw_only=True):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
     refusal: UnsetType | None = UNSET
+    tool_calls: list[_ToolCall] | UnsetType = UNSET
 
 
 class _ChunkChoice(_Wire, kw_only=True):
@@ -166,11 +180,7 @@ class Template(msgspec.Struct, frozen=True):
 
 def chat_body(gen: Generation, *, with_usage: bool) -> bytes:
     choices = [
-        _Choice(
-            index=i,
-            message=_Message(content=choice.content),
-            finish_reason=choice.finish_reason,
-        )
+        _Choice(index=i, message=_message(i, choice), finish_reason=choice.finish_reason)
         for i, choice in enumerate(gen.choices)
     ]
     return _ENCODE(
@@ -184,6 +194,33 @@ def chat_body(gen: Generation, *, with_usage: bool) -> bytes:
             service_tier="default",
         )
     )
+
+
+def _message(i: int, choice: ChoiceText) -> _Message:
+    if choice.tool is None:
+        return _Message(content=choice.content)
+    call = _ToolCall(
+        id=f"call_fake_{i}",
+        type="function",
+        function=_Function(name=choice.tool, arguments=choice.content),
+    )
+    return _Message(content=None, tool_calls=[call])
+
+
+def _piece(i: int, choice: ChoiceText, step: int) -> _Delta:
+    """A content delta, or for a tool call its arguments' next fragment (the first
+    also names the call, as OpenAI streams them)."""
+    piece = choice.pieces[step]
+    if choice.tool is None:
+        return _Delta(content=piece)
+    first = step == 0
+    call = _ToolCall(
+        index=0,
+        id=f"call_fake_{i}" if first else UNSET,
+        type="function" if first else UNSET,
+        function=_Function(name=choice.tool if first else UNSET, arguments=piece),
+    )
+    return _Delta(tool_calls=[call])
 
 
 def text_body(gen: Generation, *, with_usage: bool) -> bytes:
@@ -222,16 +259,17 @@ def _framing(gen: Generation, obj: str, usage: _Usage | UnsetType | None) -> tup
 
 def _interleave(
     choices: list[ChoiceText],
-    content: Callable[[int, str], bytes],
+    content: Callable[[int, int], bytes],
     finish: Callable[[int, str], bytes],
 ) -> tuple[list[bytes], int]:
-    """Round-robin one piece per choice; a choice's finish chunk follows its last piece."""
+    """Round-robin one piece per choice (``content(choice, step)``); a choice's finish
+    chunk follows its last piece."""
     out: list[bytes] = []
     first_finish = -1
     for step in range(max((len(c.pieces) for c in choices), default=0) + 1):
         for i, choice in enumerate(choices):
             if step < len(choice.pieces):
-                out.append(content(i, choice.pieces[step]))
+                out.append(content(i, step))
             elif step == len(choice.pieces):
                 first_finish = len(out) if first_finish < 0 else first_finish
                 out.append(finish(i, choice.finish_reason))
@@ -264,8 +302,8 @@ def chat_events(gen: Generation, mode: UsageMode) -> Events:
     ]
     body, first_finish = _interleave(
         gen.choices,
-        lambda i, piece: chunk(
-            _ChunkChoice(index=i, delta=_Delta(content=piece), finish_reason=None)
+        lambda i, step: chunk(
+            _ChunkChoice(index=i, delta=_piece(i, gen.choices[i], step), finish_reason=None)
         ),
         lambda i, reason: chunk(_ChunkChoice(index=i, delta=_Delta(), finish_reason=reason)),
     )
@@ -284,7 +322,9 @@ def text_events(gen: Generation, mode: UsageMode) -> Events:
         return prefix + _ENCODE(_TextChoice(text=text, index=i, finish_reason=reason)) + suffix
 
     body, first_finish = _interleave(
-        gen.choices, lambda i, piece: chunk(i, piece, None), lambda i, r: chunk(i, "", r)
+        gen.choices,
+        lambda i, step: chunk(i, gen.choices[i].pieces[step], None),
+        lambda i, r: chunk(i, "", r),
     )
     if mode == "with_choices" and body:
         last_prefix, last_suffix = _framing(gen, "text_completion", gen.usage())

@@ -39,13 +39,19 @@ import argparse
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from ncap.testing._fake_content import ChoiceText, PromptMessage, choice_text, digest_messages
+from ncap.testing._fake_content import (
+    ChoiceText,
+    PromptMessage,
+    choice_text,
+    digest_messages,
+    labelled_choice,
+)
 from ncap.testing.fake_kit import (
     Events,
     FakeState,
@@ -113,7 +119,7 @@ _CONFIG_FIELDS = frozenset(
         "thinkingConfig",
     }
 )
-_FINISH = {"stop": "STOP", "length": "MAX_TOKENS"}
+_FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}
 _ENCODE = msgspec.json.Encoder().encode
 
 
@@ -316,10 +322,13 @@ def _generate(req: _Request, model: str, plan: Plan, rid: str) -> _Generation:
         n += 1
     elif "fewer_choices" in plan.names:
         n = max(0, n - 1)
+    cap, forced = config.max_output_tokens, plan.completion_tokens
     choices: list[tuple[int, ChoiceText | None]] = [
-        (i, choice_text(seed, i, config.max_output_tokens, plan.completion_tokens))
-        for i in range(n)
+        (i, choice_text(seed, i, cap, forced)) for i in range(n)
     ]
+    if plan.candidates:  # x-fake-candidates: this request's labels, in order
+        labels = enumerate(plan.candidates)
+        choices = [(i, labelled_choice(label, cap, forced)) for i, label in labels]
     if "safety_candidate" in plan.names and choices:
         choices[-1] = (choices[-1][0], None)
     if "shuffled_candidates" in plan.names:
@@ -348,9 +357,15 @@ def _usage(gen: _Generation, candidates_tokens: int) -> dict[str, int]:
     return usage
 
 
-def _candidate(index: int, text: str | None, finish: str | None) -> dict[str, Any]:
+def _candidate(
+    index: int, text: str | None, finish: str | None, tool: str | None = None
+) -> dict[str, Any]:
+    """A candidate of ``text``; with ``tool``, ``text`` is the call's JSON arguments."""
     out: dict[str, Any] = {}
-    if text is not None:
+    if tool is not None and text is not None:
+        call = {"name": tool, "args": msgspec.json.decode(text)}
+        out["content"] = {"parts": [{"functionCall": call}], "role": "model"}
+    elif text is not None:
         out["content"] = {"parts": [{"text": text}], "role": "model"}
     if finish is not None:
         out["finishReason"] = finish
@@ -382,7 +397,7 @@ def _body(gen: _Generation, *, with_usage: bool) -> bytes:
         called["responseId"] = gen.response_id
         return _ENCODE(called)
     candidates = [
-        _candidate(i, c.content, _FINISH[c.finish_reason])
+        _candidate(i, c.content, _FINISH[c.finish_reason], c.tool)
         if c is not None
         else _candidate(i, None, "SAFETY")
         for i, c in gen.choices
@@ -414,7 +429,7 @@ def _events(gen: _Generation, *, with_usage: bool) -> Events:
     function call is one event."""
     if gen.call is not None:
         return Events([b"data: " + _body(gen, with_usage=with_usage) + b"\r\n\r\n"], 0, 0)
-    steps = max((len(c.pieces) for _, c in gen.choices if c is not None), default=0)
+    steps = max((_steps(c) for _, c in gen.choices if c is not None), default=0)
     data: list[bytes] = []
     first_finish = -1
     sent = 0
@@ -425,11 +440,14 @@ def _events(gen: _Generation, *, with_usage: bool) -> Events:
                 if step == 0:
                     candidates.append(_candidate(i, None, "SAFETY"))
                 continue
-            if step >= len(choice.pieces):
+            if step >= _steps(choice):
                 continue
-            last = step == len(choice.pieces) - 1
+            last = step == _steps(choice) - 1
             finish = _FINISH[choice.finish_reason] if last else None
-            candidates.append(_candidate(i, choice.pieces[step], finish))
+            if choice.tool is not None:  # Gemini sends a function call whole
+                candidates.append(_candidate(i, choice.content, finish, choice.tool))
+            else:
+                candidates.append(_candidate(i, choice.pieces[step], finish))
             sent += 1
         if any("finishReason" in c for c in candidates) and first_finish < 0:
             first_finish = len(data)
@@ -440,6 +458,10 @@ def _events(gen: _Generation, *, with_usage: bool) -> Events:
         event["responseId"] = gen.response_id
         data.append(b"data: " + _ENCODE(event) + b"\r\n\r\n")
     return Events(data, 0, len(data) if first_finish < 0 else first_finish)
+
+
+def _steps(choice: ChoiceText) -> int:
+    return 1 if choice.tool is not None else len(choice.pieces)
 
 
 # --- the endpoint ---
@@ -494,6 +516,8 @@ async def _serve(
     refusal = _refusal(n, faults)
     if refusal is not None:
         return refusal
+    if plan.candidates:
+        plan = replace(plan, candidates=state.patterns.take(plan.candidates, n))
     gen = _generate(req, model, plan, rid)
     if "blocked_prompt" in plan.names:
         blocked = _blocked(gen, faults.values.get("blocked_prompt", "SAFETY"))

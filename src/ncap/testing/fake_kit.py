@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from ncap.testing._fake_content import CandidatePattern
 from ncap.testing._fake_faults import (
     PROFILES,
     ErrorReply,
@@ -128,6 +129,7 @@ class FakeState:
         self.max_in_flight = self.in_flight
         self.disconnects = 0
         self.prompt_cache = PromptCache()
+        self.patterns = CandidatePattern()  # x-fake-candidates: each pattern's next label
 
     def record(self, endpoint: str, headers: Mapping[str, str], body: bytes) -> str:
         """Count one request; returns its provider request id."""

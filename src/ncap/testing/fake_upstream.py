@@ -35,6 +35,7 @@ from ncap.testing._fake_content import (
     choice_text,
     digest_messages,
     digest_prompt,
+    labelled_choice,
     prompt_strings,
 )
 from ncap.testing._fake_faults import (
@@ -202,13 +203,17 @@ def _chat_generation(
 ) -> Generation:
     seed, prompt_tokens = digest_messages(req.messages)
     cap = _cap(req.max_completion_tokens, req.max_tokens)
+    if plan.candidates:  # x-fake-candidates: already this request's labels, in order
+        choices = [labelled_choice(label, cap, plan.completion_tokens) for label in plan.candidates]
+    else:
+        choices = [
+            choice_text(seed, i, cap, plan.completion_tokens) for i in range(_returned(n, plan))
+        ]
     return Generation(
         id=f"chatcmpl-fake-{serial}",
         created=created,
         model=req.model,
-        choices=[
-            choice_text(seed, i, cap, plan.completion_tokens) for i in range(_returned(n, plan))
-        ],
+        choices=choices,
         prompt_tokens=prompt_tokens,
         cached_tokens=plan.cached_tokens,
         reasoning_tokens=plan.reasoning_tokens,
@@ -326,6 +331,9 @@ class _Endpoint(Generic[_Request]):
         refusal = candidates_refusal(n, plan)
         if refusal is not None:
             return _json(refusal.status, refusal.body, rid)
+        if plan.candidates:
+            labels = state.patterns.take(plan.candidates, _returned(n, plan))
+            plan = replace(plan, candidates=labels)
         if req.stream:
             gen = self.generate(req, n, plan, str(state.serial), int(time.time()))
             mode = _usage_mode(plan, req.stream_options)

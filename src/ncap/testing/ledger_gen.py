@@ -17,6 +17,7 @@ Speed: rows are plain tuples written with ``executemany`` in one transaction
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import math
 import random
@@ -243,6 +244,10 @@ _ROW_ORDER = (
     "gateway_instance",
     "latency_ms",
     "output_tokens_per_choice",
+    "candidates_compared",
+    "candidates_distinct",
+    "candidates_majority",
+    "candidates_tool_calls",
 )
 
 
@@ -473,6 +478,7 @@ class _Base:
             self.instance,
             f.get("latency"),
             f.get("per_choice"),
+            *f.get("evidence", (None, None, None, None)),
         )
 
     def denied(self, reason: str) -> tuple[Any, ...]:
@@ -510,6 +516,8 @@ def _attempts(rng: random.Random, base: _Base) -> Iterator[tuple[Any, ...]]:
     if chain[0] == "emulated-chat":
         for k in range(1, base.effective + 1):
             usage = _usage(rng, base, chain[0], 1)
+            if k == 1:  # the request's evidence, on its first branch
+                usage["evidence"] = _evidence(base.request_id, base.effective)
             yield base.row(
                 k,
                 chain[0],
@@ -591,7 +599,21 @@ def _final(rng: random.Random, base: _Base, attempt: int, route: str) -> tuple[A
         )
     if route == "local-smollm2":  # the engine reveals each choice's tokens
         usage["per_choice"] = _split(usage["output"], base.effective)
+    usage["evidence"] = _evidence(base.request_id, base.effective)
     return base.row(attempt, route, state="settled", provider_request_id=prid, **usage)
+
+
+def _evidence(request_id: str, k: int) -> tuple[int | None, ...]:
+    """Synthetic candidate evidence for k candidates, from a hash of the request id (no
+    random draw, so the rest of the ledger is the same as before the columns existed):
+    d distinct of k, the largest group between its least (ceil(k/d)) and its most
+    (k − d + 1), every candidate or none calling a tool."""
+    if k < 2:
+        return (None, None, None, None)
+    h = hashlib.blake2b(request_id.encode(), digest_size=4).digest()
+    distinct = 1 + h[0] % k
+    majority = k - distinct + 1 if h[1] % 2 else -(-k // distinct)
+    return (k, distinct, majority, k if h[2] % 5 == 0 else 0)
 
 
 def _split(total: int, choices: int) -> str:

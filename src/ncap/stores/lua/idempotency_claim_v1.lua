@@ -1,4 +1,4 @@
--- Claim an Idempotency-Key (issue 9): store ARGV[1] under KEYS[1] for ARGV[2] ms
+-- Claim a client's Idempotency-Key: store ARGV[1] under KEYS[1] for ARGV[2] ms
 -- unless a record is there; returns the record already there, or false when stored.
 local current = redis.call('GET', KEYS[1])
 if current then

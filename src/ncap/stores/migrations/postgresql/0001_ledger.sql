@@ -1,4 +1,4 @@
--- The ledger: one row per attempt, exactly SPEC §7's columns (as in SQLite 0001).
+-- The ledger: one row per attempt, exactly the columns docs/ledger.md lists (as in SQLite 0001).
 CREATE TABLE ledger_events (
     timestamp TIMESTAMPTZ NOT NULL,
     request_id TEXT NOT NULL,

@@ -1,4 +1,4 @@
--- The admin tables (issue 9, session 5): what the admin API created and revoked, its
+-- The admin tables: what the admin API created and revoked, its
 -- audit trail, and the budget alerts already fired, shared by every replica. The same
 -- columns as SQLite revision 6 (stores/admin_schema.py: SQLITE_DDL); timestamps are
 -- TIMESTAMPTZ here, fixed-width UTC text there. ``body`` and ``detail`` are the JSON

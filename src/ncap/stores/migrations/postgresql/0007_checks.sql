@@ -1,4 +1,4 @@
--- Revision 7 (issue 8, session 5). SQLite's rebuilt its ledger table with CHECK
+-- Revision 7. SQLite's rebuilt its ledger table with CHECK
 -- constraints written without IN lists, which SQLite evaluates through an ephemeral
 -- b-tree per statement; PostgreSQL evaluates them as = ANY(ARRAY[...]) at no such cost,
 -- so its constraints stay. Both dialects now index the provider request id only on the

@@ -1,4 +1,4 @@
--- What refused a denial and a failed attempt's upstream status (issue 13): null on
+-- What refused a denial and a failed attempt's upstream status: null on
 -- older rows.
 ALTER TABLE ledger_events ADD COLUMN denied_by TEXT;
 ALTER TABLE ledger_events ADD COLUMN denied_limit INTEGER;

@@ -1,4 +1,4 @@
--- CHECK constraints without IN lists (issue 8, session 5). SQLite builds an ephemeral
+-- CHECK constraints without IN lists. SQLite builds an ephemeral
 -- b-tree for each IN list of a CHECK at every INSERT and UPDATE that checks it (three
 -- per request here), and the same constraints written as OR chains need none. SQLite
 -- cannot alter a constraint, so the table is rebuilt: its rows copied in this one

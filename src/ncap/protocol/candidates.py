@@ -1,0 +1,41 @@
+"""What the gateway reads of the candidates themselves, to compare them (and nothing
+else): each choice's index, its text (chat ``message.content`` / ``delta.content``,
+legacy ``text``) and its tool calls' names and arguments. Decoded only for answers of
+two or more candidates, and only into ``ncap.domain.evidence``'s hashes; lenient
+(unknown fields ignored, every field optional)."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["CandidatesWire", "ChoiceWire"]
+
+
+class FunctionWire(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallWire(msgspec.Struct):
+    index: int | None = None  # in a stream's delta: which call of the choice
+    function: FunctionWire | None = None
+
+
+class MessageWire(msgspec.Struct):
+    """A whole answer's ``message`` or a chunk's ``delta``."""
+
+    content: str | None = None
+    tool_calls: list[ToolCallWire] | None = None
+
+
+class ChoiceWire(msgspec.Struct):
+    index: int | None = None
+    message: MessageWire | None = None
+    delta: MessageWire | None = None
+    text: str | None = None  # the legacy completions endpoint
+
+
+class CandidatesWire(msgspec.Struct):
+    """A chat.completion, a chat.completion.chunk or a text_completion, either whole."""
+
+    choices: list[ChoiceWire] = []
