@@ -26,7 +26,13 @@ import redis.asyncio as aioredis
 
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import LedgerEvent
-from ncap.stores import BudgetStore, LedgerStore, budgets_from_url, ledger_from_url
+from ncap.stores import (
+    BudgetStore,
+    LedgerStore,
+    MemoryLedgerStore,
+    budgets_from_url,
+    ledger_from_url,
+)
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -91,7 +97,8 @@ async def main(seconds: float, concurrency: int) -> dict[str, Any]:
             ("sqlite", f"sqlite:///{tmp}/b.db"),
             ("redis", f"{REDIS}?prefix={prefix}"),
         ):
-            budgets = budgets_from_url(url, gateway_instance="bench")
+            # a new deployment: Redis counters are built from an (empty) ledger first
+            budgets = budgets_from_url(url, gateway_instance="bench", history=MemoryLedgerStore())
             try:
                 out["budgets"][name] = await budget_ops(budgets, seconds, concurrency)
             finally:

@@ -91,7 +91,11 @@ def private_redis(workdir: Path, *, persist: bool = False) -> Iterator[PrivateRe
 
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to a target; ``cut()`` drops every connection and
-    refuses new ones until ``restore()`` (a database that went away and came back)."""
+    refuses new ones until ``restore()`` (a database that went away and came back).
+    ``partition()`` stops forwarding without closing anything (packets dropped, not
+    reset): bytes sent meanwhile are held, and new connections are accepted but not
+    connected onward, until ``heal()`` delivers what was held (as TCP's retransmissions
+    would) and forwarding resumes."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -99,6 +103,7 @@ class TcpProxy:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
 
@@ -109,9 +114,27 @@ class TcpProxy:
         self._call(self._listen())
 
     async def _listen(self) -> None:
+        if self._flowing is None:
+            self._flowing = asyncio.Event()
+            self._flowing.set()
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
+    def partition(self) -> None:
+        self._call(self._set_flowing(False))
+
+    def heal(self) -> None:
+        self._call(self._set_flowing(True))
+
+    async def _set_flowing(self, flowing: bool) -> None:
+        assert self._flowing is not None
+        if flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._flowing is not None
+        await self._flowing.wait()
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -123,8 +146,10 @@ class TcpProxy:
         )
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._flowing is not None
         try:
             while data := await reader.read(65536):
+                await self._flowing.wait()  # held while partitioned, delivered on heal
                 writer.write(data)
                 await writer.drain()
         finally:

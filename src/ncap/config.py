@@ -107,6 +107,9 @@ class Server(_Model):
     # (off: a repeat gets 409 naming the first request)
     idempotency_ttl_s: float = Field(86400.0, gt=0)
     idempotency_keep_answers: bool = False
+    # a stopping gateway retries the settlements a store refused (an outage) for up to
+    # this long; rows still unsettled then are left to recovery (gateway_lost)
+    shutdown_retry_s: float = Field(10.0, ge=0, le=600)
     # a bearer token /metrics, /readyz and /openapi.json require (the admin key is
     # accepted too), in this environment variable; None: they are open (/healthz is)
     operations_key_env: str | None = None
@@ -140,6 +143,10 @@ class Stores(_Model):
     # how often each gateway re-reads the admin tables of a shared ledger, so that a
     # change made through another replica applies here too (docs/configuration.md)
     admin_refresh_s: float = Field(5.0, gt=0, le=3600)
+    # the longest one call to a shared store (PostgreSQL, Redis) may take: connecting,
+    # a pool checkout, one statement or script call; past it the request gets 503
+    # store_unavailable (a partitioned server is not waited for)
+    timeout_s: float = Field(2.0, gt=0, le=60)
 
     @field_validator("ledger")
     @classmethod
@@ -535,6 +542,17 @@ class Config(_Model):
     routes: dict[str, Route] = {}
     reports: Reports = Reports()
     observability: Observability = Observability()
+
+    @property
+    def reserved_timeout_s(self) -> float:
+        """How long an attempt's row may stay ``reserved``: its longest time limit (a
+        route's timeout, a stream's wall clock) and a heartbeat timeout to spare. A
+        row older than that was never closed by its gateway, whatever the cause (a
+        write that committed after its caller gave up, a settlement lost); recovery
+        turns it into ``usage_reconciliation_required``/``reserved_timeout``."""
+        longest = max([r.timeout_s for r in self.routes.values()] + [self.limits.max_stream_s])
+        return longest + self.server.heartbeat_timeout_s
+
     alerts: BudgetAlerts = BudgetAlerts()
 
     @model_validator(mode="before")

@@ -434,7 +434,40 @@ async def test_shutdown_tries_kept_settlements_once_more(caplog: pytest.LogCaptu
     with caplog.at_level(logging.ERROR, "ncap.lifecycle"):
         await stuck.close()
     assert stuck.pending == 2
-    assert "2 settlements not applied at shutdown (rows stay reserved)" in caplog.messages
+    assert caplog.messages[-1] == (
+        "2 settlements not applied by the shutdown deadline: their rows stay reserved for "
+        "recovery (a restart or a peer marks them gateway_lost)"
+    )
+
+
+async def test_shutdown_retries_kept_settlements_until_its_deadline() -> None:
+    done: list[str] = []
+    failures = [3]
+    slept: list[float] = []
+
+    async def flaky() -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise StoreUnavailable("budgets", "Redis", "ConnectionError")
+        done.append("applied")
+
+    async def instant(delay: float) -> None:
+        slept.append(delay)
+
+    deferred = Deferred(sleep=instant, first_delay_s=0.001, max_delay_s=0.004)
+    deferred._keep(_Steps([flaky]), None)  # queued as a refused settlement is
+    assert await deferred.close(deadline_s=5.0) == 0
+    assert done == ["applied"] and slept == [0.001, 0.002, 0.004]  # backoff, capped
+
+    async def never() -> None:
+        raise StoreUnavailable("budgets", "Redis", "ConnectionError")
+
+    stuck = Deferred(sleep=instant, first_delay_s=0.001, max_delay_s=0.001)
+    stuck._keep(_Steps([never]), None)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await stuck.close(deadline_s=0.05) == 1  # given up at the deadline, kept
+    assert 0.04 <= loop.time() - started < 2.0
 
 
 async def test_branches_that_opened_when_another_did_not_are_held_as_cut(

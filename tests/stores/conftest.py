@@ -57,7 +57,14 @@ async def budget_factory(
             if request.param == "memory":
                 store = MemoryBudgetStore(gateway_instance=gateway_instance, clock=clock)
             elif request.param == "redis":
-                store = RedisBudgetStore(url, gateway_instance=gateway_instance, clock=clock)
+                # a new deployment: its counters are built from an empty ledger
+                store = RedisBudgetStore(
+                    url,
+                    gateway_instance=gateway_instance,
+                    clock=clock,
+                    history=MemoryLedgerStore(),
+                    rebuild_grace_s=0,
+                )
             else:
                 store = SQLiteBudgetStore(
                     tmp_path / "budgets.db", gateway_instance=gateway_instance, clock=clock

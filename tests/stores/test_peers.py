@@ -20,6 +20,7 @@ from ncap.stores import (
     LedgerStore,
     PeerWatch,
     budgets_from_url,
+    history_of,
     hold_id_for,
     instances_for,
     ledger_from_url,
@@ -54,7 +55,10 @@ async def make_gateway(
 
         def make(instance: str, pid: int = 0, timeout_s: float = 30.0) -> Gateway:
             ledger = ledger_from_url(urls[0])
-            budgets = budgets_from_url(urls[1], gateway_instance=instance)
+            # as the gateway builds them: Redis counters rebuilt from the ledger
+            budgets = budgets_from_url(
+                urls[1], gateway_instance=instance, history=history_of(ledger)
+            )
             me = Identity.current(instance)
             me = replace(me, pid=pid or me.pid, host=me.host if not pid else "elsewhere")
             peers = PeerWatch(

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 import ncap.stores.redis_budget as rb
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.errors import StoreUnavailable
-from ncap.stores import RedisBudgetStore
+from ncap.stores import MemoryLedgerStore, RedisBudgetStore
 from tests.servers import free_port, private_redis
 from tests.services import REDIS_URL, redis_prefix
 
@@ -21,11 +21,13 @@ pytestmark = pytest.mark.redis
 
 W = "team{a}"  # braces in a workload id must not break the hash tag
 WINDOWS = BudgetWindows(usd_per_day_micros=1_000_000, max_concurrency=4)
+# a new deployment: counters built from an empty ledger on first use
+FRESH: dict[str, Any] = {"history": MemoryLedgerStore(), "rebuild_grace_s": 0}
 
 
 async def test_script_is_called_by_sha_and_reloaded_after_a_flush() -> None:
     async with redis_prefix() as url:
-        store = RedisBudgetStore(url)
+        store = RedisBudgetStore(url, **FRESH)
         client = aioredis.Redis.from_url(REDIS_URL)
         try:
             await store.reserve("w", WINDOWS, Amounts(10, 10))
@@ -43,7 +45,7 @@ async def test_script_is_called_by_sha_and_reloaded_after_a_flush() -> None:
 
 async def test_windows_use_the_server_clock_and_keys_expire_under_one_hash_tag() -> None:
     async with redis_prefix() as url:
-        store = RedisBudgetStore(url)  # no clock: the server's TIME
+        store = RedisBudgetStore(url, **FRESH)  # no clock: the server's TIME
         client = aioredis.Redis.from_url(REDIS_URL)
         try:
             seconds, _ = await client.time()
@@ -74,16 +76,24 @@ async def test_unreachable_redis_fails_closed_and_recovers_by_itself(tmp_path: P
     assert info.value.status == 503 and info.value.store == "budgets"
     await nobody.close()
     with private_redis(tmp_path) as server:
-        store = RedisBudgetStore(server.url, connect_timeout_s=0.5, timeout_s=1)
+        store = RedisBudgetStore(server.url, connect_timeout_s=0.5, timeout_s=1, **FRESH)
         try:
             await store.reserve("w", WINDOWS, Amounts(1, 1))
             server.stop()
             for _ in range(2):
                 with pytest.raises(StoreUnavailable):
                     await store.reserve("w", WINDOWS, Amounts(1, 1))
-            server.start()  # an empty Redis: the script is reloaded on NOSCRIPT
-            hold = await store.reserve("w", WINDOWS, Amounts(1, 1))
-            assert await store.release(hold)
+            server.start()  # an empty Redis: the script is reloaded on NOSCRIPT, and the
+            # counters, lost, are rebuilt (503 until they are)
+            hold = None
+            for _ in range(20):
+                try:
+                    hold = await store.reserve("w", WINDOWS, Amounts(1, 1))
+                    break
+                except StoreUnavailable:
+                    await asyncio.sleep(0.1)
+            assert hold is not None and await store.release(hold)
+            assert store.rebuilds == 2  # at first use (a new deployment), then after the restart
         finally:
             await store.close()
 
@@ -101,7 +111,7 @@ async def test_calls_made_while_one_is_in_flight_share_the_next_pipeline(
     monkeypatch.setattr(rb._Pipelined, "_pipeline", counting)
     many = BudgetWindows(usd_per_day_micros=10**9, max_concurrency=1000)
     async with redis_prefix() as url:
-        store = RedisBudgetStore(url)
+        store = RedisBudgetStore(url, **FRESH)
         try:
             await store.reserve("w", many, Amounts(1, 1))  # alone: sent at once, by itself
             assert sizes == []
@@ -122,7 +132,7 @@ async def test_calls_made_while_one_is_in_flight_share_the_next_pipeline(
 async def test_noscript_in_a_pipeline_reloads_once_and_runs_each_call_once() -> None:
     many = BudgetWindows(usd_per_day_micros=10**9, max_concurrency=1000)
     async with redis_prefix() as url:
-        store = RedisBudgetStore(url)
+        store = RedisBudgetStore(url, **FRESH)
         client = aioredis.Redis.from_url(REDIS_URL)
         try:
             await store.reserve("w", many, Amounts(1, 1))
@@ -148,7 +158,7 @@ async def test_noscript_in_a_pipeline_reloads_once_and_runs_each_call_once() -> 
 async def test_a_failing_call_fails_alone_in_its_pipeline() -> None:
     many = BudgetWindows(usd_per_day_micros=10**9, max_concurrency=1000)
     async with redis_prefix() as url:
-        store = RedisBudgetStore(url)
+        store = RedisBudgetStore(url, **FRESH)
         try:
             await store.reserve("w", many, Amounts(1, 1))
             results = await asyncio.gather(
@@ -167,7 +177,7 @@ async def test_a_failing_call_fails_alone_in_its_pipeline() -> None:
 
 async def test_a_sender_cancelled_before_it_ran_does_not_stall_later_calls() -> None:
     async with redis_prefix() as url:
-        store = RedisBudgetStore(url)
+        store = RedisBudgetStore(url, **FRESH)
         calls = store._calls
         try:
             await store.usage("w")

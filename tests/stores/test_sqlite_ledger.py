@@ -153,6 +153,27 @@ async def test_pending_lists_what_awaits_reconciliation(ledger: LedgerStore) -> 
     assert [e.state for e in await ledger.pending()] == ["pending", "usage_reconciliation_required"]
 
 
+async def test_rows_reserved_past_their_time_limit_are_listed_then_swept(
+    ledger: LedgerStore,
+) -> None:
+    """A row left ``reserved`` (whatever the cause) shows in the pending list once it is
+    older than the limit, and the sweep turns it into a visible reserved_timeout row."""
+    await ledger.append(event("old", gateway_instance="g1"))
+    await ledger.append(event("new", gateway_instance="g1", timestamp=T0 + timedelta(hours=1)))
+    await ledger.append(event("p", state="pending"))
+    limit = T0 + timedelta(minutes=30)
+    assert [e.request_id for e in await ledger.pending()] == ["p"]
+    assert [e.request_id for e in await ledger.pending(limit)] == ["old", "p"]
+    assert await ledger.mark_lost(None, before=limit, reason="reserved_timeout") == 1
+    (old,) = await ledger.get("old")
+    assert (old.state, old.reconciliation_reason) == (
+        "usage_reconciliation_required",
+        "reserved_timeout",
+    )
+    assert (await ledger.get("new"))[0].state == "reserved"
+    assert [e.request_id for e in await ledger.pending(limit)] == ["old", "p"]
+
+
 async def test_mark_lost(ledger: LedgerStore) -> None:
     await ledger.append(event("a", gateway_instance="g1"))
     await ledger.append(event("b", gateway_instance="g1", state="settled"))

@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +25,7 @@ from rich.progress import track
 from rich.table import Table
 
 from ncap.cli.focus import FOCUS_COLUMNS, focus_rows
+from ncap.cli.reconcile import import_by_client_id, merge_results, operator_commands
 from ncap.cli.when import WHEN_HELP, parse_when
 from ncap.config import Config, utcnow
 from ncap.domain.events import (
@@ -306,7 +307,8 @@ def list_pending(
     ] = "auto",
     config: ConfigOpt = None,
 ) -> None:
-    """Events awaiting reconciliation (pending or usage_reconciliation_required).
+    """Events awaiting reconciliation (pending or usage_reconciliation_required), and
+    rows left reserved past their attempt's time limit (state reserved).
 
     Ids are never shortened: on a terminal the table grows wider than the window
     rather than cut them; into a pipe or a file it is tab-separated plain text."""
@@ -353,7 +355,8 @@ def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
 async def _pending(cfg: Config) -> list[LedgerEvent]:
     ledger = ledger_from_url(cfg.stores.ledger)
     try:
-        return await ledger.pending()
+        # and rows left reserved past their attempt's time limit, swept or not yet
+        return await ledger.pending(utcnow() - timedelta(seconds=cfg.reserved_timeout_s))
     finally:
         await ledger.close()
 
@@ -365,7 +368,10 @@ def import_file(
 ) -> None:
     """Move pending events to ``reconciled`` with the provider's usage; idempotent.
 
-    Columns (docs/ledger.md): provider_request_id; input_tokens or prompt_tokens;
+    Columns (docs/ledger.md): provider_request_id, or client_request_id (the
+    X-Client-Request-Id ncap sends with every attempt, `<request id>#<attempt>`: it
+    matches rows the provider never named, e.g. gateway_lost or timeout ones);
+    input_tokens or prompt_tokens;
     output_tokens, completion_tokens or output_tokens_total; optional
     cached_input_tokens or cached_tokens, reasoning_tokens, cost_micros or cost_usd;
     other columns are ignored.
@@ -423,7 +429,10 @@ async def _import(cfg: Config, rows: list[ReconciliationRow]) -> dict[str, Any]:
     budgets = budgets_from_url(cfg.stores.budgets)
     try:
         pricing = {rid: route.pricing for rid, route in cfg.routes.items()}
-        result = await ledger.import_reconciliation(rows, pricing=pricing)
+        by_provider = [r for r in rows if r.provider_request_id]
+        result = await ledger.import_reconciliation(by_provider, pricing=pricing)
+        by_client = [r for r in rows if not r.provider_request_id]
+        merge_results(result, await import_by_client_id(ledger, by_client, pricing))
         for event in track(result.reconciled, description="settling holds", console=err):
             await budgets.settle(
                 hold_id_for(event.request_id, event.attempt),
@@ -432,7 +441,10 @@ async def _import(cfg: Config, rows: list[ReconciliationRow]) -> dict[str, Any]:
             )
         details = await _conflict_details(ledger, rows, result.conflicts)
         return {
-            "reconciled": [e.provider_request_id for e in result.reconciled],
+            "reconciled": [
+                e.provider_request_id or hold_id_for(e.request_id, e.attempt)
+                for e in result.reconciled
+            ],
             "unchanged": result.unchanged,
             "conflicts": result.conflicts,
             "conflict_details": details,
@@ -472,6 +484,7 @@ async def _conflict_details(
 # accepted column names: the canonical name first, then the other names it goes by
 COLUMNS: dict[str, tuple[str, ...]] = {
     "provider_request_id": ("provider_request_id",),
+    "client_request_id": ("client_request_id", "x_client_request_id", "X-Client-Request-Id"),
     "input_tokens": ("input_tokens", "prompt_tokens"),
     "output_tokens": ("output_tokens", "completion_tokens", "output_tokens_total"),
     "cached_input_tokens": ("cached_input_tokens", "cached_tokens"),
@@ -532,10 +545,15 @@ def _row(record: Any) -> ReconciliationRow:
     if not isinstance(record, dict):
         raise TypeError("each row must be an object with named fields")
     data = _canonical(record)
-    if "provider_request_id" not in data:
-        raise _missing(data, "provider_request_id")
+    if "provider_request_id" not in data and "client_request_id" not in data:
+        raise KeyError(
+            f"{_missing(data, 'provider_request_id').args[0]} (or client_request_id, the "
+            "X-Client-Request-Id ncap sent)"
+        )
+    client = data.get("client_request_id")
     return ReconciliationRow(
-        provider_request_id=str(data["provider_request_id"]),
+        provider_request_id=str(data.get("provider_request_id", "")),
+        client_request_id=str(client) if client is not None else None,
         input_tokens=_count(data, "input_tokens"),
         output_tokens=_count(data, "output_tokens"),
         cached_input_tokens=_count(data, "cached_input_tokens", 0),
@@ -602,3 +620,6 @@ def _cost(data: dict[str, Any]) -> int | None:
     if micros is None or micros < 0:
         raise ValueError(f"cost_usd: {raw!r} cannot be negative")
     return micros
+
+
+operator_commands(reconcile_app)

@@ -76,6 +76,7 @@ def serve(
         int, typer.Option(min=1, help="Gateway processes on this port (shared stores only)")
     ] = 1,
     reuse_port: Annotated[bool, typer.Option(hidden=True)] = False,
+    instance_id: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the gateway."""
     from aiohttp import web
@@ -102,7 +103,7 @@ def serve(
         args = ["--host", server.host, "--port", str(server.port)]
         args += ["--config", str(config)] if config else []
         err.print(f"ncap: {workers} workers on http://{server.host}:{server.port}")
-        raise typer.Exit(supervise(args, workers))
+        raise typer.Exit(supervise(args, workers, cfg.server.instance_id))
     _use_uvloop()
     _lean_logging()
     if cfg.observability.access_log:
@@ -110,7 +111,7 @@ def serve(
 
         log_access_to_stdout()
     try:
-        gateway = create_app(cfg)
+        gateway = create_app(cfg, instance_id=instance_id)
     except ConfigError as exc:
         err.print(f"[red]refusing to start[/red]: {exc}", highlight=False)
         raise typer.Exit(2) from None

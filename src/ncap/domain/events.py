@@ -193,7 +193,9 @@ def settle(
 
 @dataclass(frozen=True, slots=True)
 class ReconciliationRow:
-    """One line of a provider usage export, keyed by the provider's request id."""
+    """One line of a provider usage export, keyed by the provider's request id, or
+    (``provider_request_id`` empty) by the id ncap sent with the attempt
+    (``X-Client-Request-Id``: ``<ncap request id>#<attempt>``)."""
 
     provider_request_id: str
     input_tokens: int
@@ -201,6 +203,7 @@ class ReconciliationRow:
     cached_input_tokens: int = 0
     reasoning_tokens: int | None = None
     cost_micros: int | None = None  # the provider's own figure wins over route prices
+    client_request_id: str | None = None
 
 
 ReconcileOutcome = Literal["reconciled", "unchanged", "conflict", "not_pending", "unpriced"]

@@ -51,8 +51,10 @@ from ncap.metrics import Metrics
 from ncap.providers import capabilities_of, provider_for
 from ncap.providers.base import Provider, RequestKind
 from ncap.stores import (
+    BudgetStore,
     Identity,
     PeerWatch,
+    RedisBudgetStore,
     budgets_from_url,
     history_of,
     idempotency_for,
@@ -557,11 +559,18 @@ def create_app(
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    raw_ledger = ledger_from_url(config.stores.ledger, durability=config.stores.ledger_durability)
+    stores = config.stores
+    raw_ledger = ledger_from_url(
+        stores.ledger, durability=stores.ledger_durability, timeout_s=stores.timeout_s
+    )
     ledger = ObservedLedger(raw_ledger, metrics_)
-    # in-process budgets are a cache of the ledger, rebuilt from it at start-up
+    # budgets are a cache of the ledger, rebuilt from it at start-up (in-process) or
+    # whenever Redis lost them
     budgets = budgets_from_url(
-        config.stores.budgets, gateway_instance=instance, history=history_of(raw_ledger)
+        stores.budgets,
+        gateway_instance=instance,
+        history=history_of(raw_ledger),
+        timeout_s=stores.timeout_s,
     )
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = _admin_store(config)
@@ -588,6 +597,7 @@ def create_app(
         Identity.current(instance),
         interval_s=config.server.heartbeat_interval_s,
         timeout_s=config.server.heartbeat_timeout_s,
+        reserved_timeout_s=config.reserved_timeout_s,
     )
     routes = _route_runtimes(config, metrics_)
     app[CONFIG] = config
@@ -607,6 +617,16 @@ def create_app(
     return app
 
 
+async def _whole_counters(budgets: BudgetStore, config: Config) -> None:
+    """Shared Redis counters: warn about settings that lose them, and rebuild them
+    from the ledger before serving when they were lost (or wait for a peer that is)."""
+    if not isinstance(budgets, RedisBudgetStore):
+        return
+    for warning in await budgets.server_warnings():
+        log.warning("%s (docs/operations.md, Redis)", warning)
+    await budgets.ensure_counters(config.workloads)
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start-up before the first request, then the orderly shutdown (``cleanup_ctx``)."""
     accounting, peers, admin_store = app[ACCOUNTING], app[PEERS], app[ADMIN_STORE]
@@ -614,6 +634,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # recovery that knows its peers (docs/decisions/peer-recovery-heartbeats.md): only dead
     # instances' rows are lost
     await peers.start()
+    await _whole_counters(accounting.budgets, app[CONFIG])
     # in-process budgets rebuild from the ledger here even when no peer was lost
     # (once; a no-op for shared stores: this new instance holds nothing yet)
     await accounting.budgets.recover_lost(accounting.instance)
@@ -631,6 +652,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[GRANTS_SYNC].stop()
     for rt in routes:
         await rt.provider.aclose()
-    await peers.stop()
+    # settlements a store refused are retried until the deadline; what is left stays
+    # where recovery finds it: this instance remains registered, as if it had died
+    left = await accounting.finish(app[CONFIG].server.shutdown_retry_s)
+    await peers.stop(leave=left == 0)
     await accounting.close()
     await admin_store.close()

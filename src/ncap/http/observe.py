@@ -260,13 +260,17 @@ class ObservedLedger:
     ) -> AsyncIterator[LedgerEvent]:
         return self._inner.export(since, until)
 
-    async def pending(self) -> list[LedgerEvent]:
-        return await self._inner.pending()
+    async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
+        return await self._inner.pending(reserved_before)
 
     async def mark_lost(
-        self, gateway_instance: str | None = None, *, before: datetime | None = None
+        self,
+        gateway_instance: str | None = None,
+        *,
+        before: datetime | None = None,
+        reason: str = "gateway_lost",
     ) -> int:
-        return await self._inner.mark_lost(gateway_instance, before=before)
+        return await self._inner.mark_lost(gateway_instance, before=before, reason=reason)
 
     async def import_reconciliation(
         self, rows: Iterable[ReconciliationRow], *, pricing: Mapping[str, Pricing] | None = None

@@ -21,8 +21,14 @@ from ncap.errors import NcapError
 from ncap.lifecycle.failures import as_failure, client_error, may_fall_back, retryable
 from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.providers.base import TRACE_HEADERS, AttemptFailed, RequestKind, UpstreamResult
-from ncap.stores.base import Hold
+from ncap.providers.base import (
+    CLIENT_REQUEST_ID,
+    TRACE_HEADERS,
+    AttemptFailed,
+    RequestKind,
+    UpstreamResult,
+)
+from ncap.stores.base import Hold, hold_id_for
 from ncap.streaming.sse import StreamPiece
 
 __all__ = ["Attempts", "StreamOpen", "for_route"]
@@ -74,6 +80,7 @@ class Attempts:
     async def call(self, attempt: Attempt, body: Mapping[str, Any]) -> UpstreamResult:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
         rt = attempt.route
+        CLIENT_REQUEST_ID.set(hold_id_for(attempt.plan.request_id, attempt.number))
         if attempt.trace is not None:
             TRACE_HEADERS.set(attempt.trace)  # this task's upstream request carries it
         try:
@@ -86,6 +93,7 @@ class Attempts:
 
     async def open(self, attempt: Attempt, body: Mapping[str, Any]) -> StreamOpen:
         """One streamed attempt up to its first event; a failure is recorded, then raised."""
+        CLIENT_REQUEST_ID.set(hold_id_for(attempt.plan.request_id, attempt.number))
         if attempt.trace is not None:
             TRACE_HEADERS.set(attempt.trace)
         try:

@@ -48,7 +48,7 @@ from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.redact import bounded_id
-from ncap.stores.base import BudgetStore, Hold, LedgerStore, hold_id_for
+from ncap.stores.base import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
 
 __all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
 
@@ -113,6 +113,11 @@ class Accounting:
 
     # -- lifecycle of the stores -------------------------------------------------------
 
+    async def finish(self, deadline_s: float) -> int:
+        """At shutdown, before the stores close: retry the settlements a store refused
+        until ``deadline_s``; returns how many are left (for recovery)."""
+        return await self._deferred.close(deadline_s)
+
     async def close(self) -> None:
         await self._deferred.close()
         await self.ledger.close()
@@ -167,14 +172,34 @@ class Accounting:
         )
         if isinstance(written, BaseException):
             await self.abandon(holds)
+            if isinstance(written, StoreUnavailable):
+                self.void_later(row)
             raise written
         return row, reserved if isinstance(reserved, BaseException) else None
+
+    def void_later(self, row: LedgerEvent) -> None:
+        """A ``reserved`` row whose write failed (a timeout, a partition): the client is
+        told nothing was sent, yet the write may still reach the server and commit
+        once the network heals. Once the ledger answers again, the attempt is recorded
+        as refused (``denied``/``store_unavailable``, nothing held), whichever lands
+        first: written as denied if the late row never came (which then meets this one
+        and is dropped as a duplicate), else the late row turned into that denial."""
+        denied = replace(row, **_VOIDED)
+
+        async def step() -> None:
+            try:
+                await self.ledger.append(denied)
+            except DuplicateAttempt:
+                with contextlib.suppress(KeyError):
+                    await self.ledger.update(row.request_id, row.attempt, **_VOIDED)
+
+        self._deferred.later(_Steps([step]))
 
     async def void(self, row: LedgerEvent, error: BaseException) -> None:
         """A row written beside a reservation that failed for another reason than policy
         (the budget store down: the client gets 503): it records a refused request, not
-        an attempt, and holds nothing. If the ledger fails too, the row stays
-        ``reserved`` and recovery flags it (``gateway_lost``), never silently."""
+        an attempt, and holds nothing. If the ledger fails too, it is closed once the
+        ledger answers again (``void_later``)."""
         reason = str(error.code) if isinstance(error, NcapError) else "store_unavailable"
         try:
             await self.ledger.update(
@@ -192,6 +217,8 @@ class Accounting:
                 reason,
                 type(exc).__name__,
             )
+            if isinstance(exc, StoreUnavailable):
+                self.void_later(row)  # closed once the ledger answers again
 
     async def abandon(self, holds: dict[int, Hold]) -> None:
         """Release the holds no dispatched attempt is using (the request ended early)."""
@@ -304,7 +331,11 @@ class Accounting:
             if number not in holds:
                 await self.reserve(plan, holds, number)
             row = self.row(plan, number, rt, state="reserved")
-            await self.ledger.append(row)
+            try:
+                await self.ledger.append(row)
+            except StoreUnavailable:
+                self.void_later(row)  # it may still commit: recorded as refused then
+                raise
         attempt = Attempt(plan, holds, number, rt, holds[number], row, time.monotonic())
         for observer in self.start_observers:
             try:
@@ -543,6 +574,13 @@ class Deferred:
     def pending(self) -> int:
         return len(self._pending)
 
+    def later(self, steps: _Steps) -> None:
+        """Queue writes that must wait for the store to answer again (never refused for
+        the backlog: each stands for a row that would otherwise stay wrong)."""
+        self._pending.append(steps)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._retry())
+
     async def run(self, steps: _Steps) -> None:
         if self._pending:  # keep settlements in order behind the ones already waiting
             self._keep(steps, None)
@@ -579,19 +617,45 @@ class Deferred:
                 delay = min(delay * 2, longest)
         log.warning("deferred settlements applied: the store is back")
 
-    async def close(self) -> None:
-        """One last try at shutdown; what is left stays ``reserved`` for recovery."""
+    async def close(self, deadline_s: float = 0.0) -> int:
+        """At shutdown: retry (with the same backoff) until ``deadline_s`` has passed;
+        returns how many are left. Their rows stay ``reserved`` and their holds active
+        for recovery to find: the caller keeps the instance registered, so a restart
+        or a peer turns them into ``gateway_lost`` rows and kept holds."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        with contextlib.suppress(StoreUnavailable):
-            while self._pending:
-                await self._pending[0]()
-                self._pending.popleft()
+            self._task = None
+        end = time.monotonic() + deadline_s
+        delay, longest = self._delays
+        while self._pending:
+            try:
+                while self._pending:
+                    await self._pending[0]()
+                    self._pending.popleft()
+            except StoreUnavailable:
+                if time.monotonic() + delay > end:
+                    break
+                await self._sleep(delay)
+                delay = min(delay * 2, longest)
         if self._pending:
-            log.error("%d settlements not applied at shutdown (rows stay reserved)", self.pending)
+            log.error(
+                "%d settlements not applied by the shutdown deadline: their rows stay "
+                "reserved for recovery (a restart or a peer marks them gateway_lost)",
+                self.pending,
+            )
+        return self.pending
 
+
+# an attempt whose reserved row could not be written: refused, nothing held
+_VOIDED: dict[str, Any] = {
+    "state": "denied",
+    "policy_result": "deny",
+    "policy_reason": "store_unavailable",
+    "reserved_cost_micros": 0,
+    "reconciliation_reason": None,  # a sweep may have flagged it meanwhile
+}
 
 # what a denial changes on a reserved row written beside its refused reservation
 _DENIAL_COLUMNS = (

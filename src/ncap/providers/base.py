@@ -21,6 +21,7 @@ from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamPiece
 
 __all__ = [
+    "CLIENT_REQUEST_ID",
     "TRACE_HEADERS",
     "AttemptFailed",
     "Provider",
@@ -29,6 +30,12 @@ __all__ = [
     "UpstreamErrorDetail",
     "UpstreamResult",
 ]
+
+# ncap's id of the attempt being sent (``<request id>#<attempt>``), set by the lifecycle
+# around each provider call: providers send it upstream where the provider keeps it
+# (OpenAI's ``X-Client-Request-Id``), so that a row the provider never named (a lost
+# gateway, a timeout) can still be matched in its usage records
+CLIENT_REQUEST_ID: ContextVar[str | None] = ContextVar("ncap_client_request_id", default=None)
 
 TRACE_HEADERS: ContextVar[Mapping[str, str] | None] = ContextVar("ncap_trace_headers", default=None)
 """The trace context (``traceparent``) the current task's upstream request carries, set

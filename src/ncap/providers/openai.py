@@ -20,6 +20,7 @@ import msgspec
 from ncap.config import HttpRoute
 from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
 from ncap.providers.base import (
+    CLIENT_REQUEST_ID,
     AttemptFailed,
     RequestKind,
     UpstreamErrorDetail,
@@ -88,7 +89,9 @@ class OpenAIProvider:
     ) -> UpstreamResult:
         transport = self._transports[kind]
         limit = answer_limit(body, self._max_answer)
-        payload, headers = await transport.post(_encode(body), timeout=timeout, limit=limit)
+        payload, headers = await transport.post(
+            _encode(body), timeout=timeout, limit=limit, headers=_attempt_headers()
+        )
         request_id = transport.request_id(headers)
         try:
             summary = _summary.decode(payload)
@@ -103,7 +106,9 @@ class OpenAIProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         transport = self._transports[kind]
-        async with transport.open(_encode(body), timeout=timeout) as resp:
+        async with transport.open(
+            _encode(body), timeout=timeout, headers=_attempt_headers()
+        ) as resp:
             request_id = transport.request_id(resp.headers)
             limit = answer_limit(body, self._max_answer)
             yield request_id, _events(resp, request_id, timeout, limit, transport.scrub_bytes)
@@ -111,6 +116,13 @@ class OpenAIProvider:
     async def aclose(self) -> None:
         for transport in self._transports.values():
             await transport.aclose()
+
+
+def _attempt_headers() -> dict[str, str] | None:
+    """``X-Client-Request-Id``: ncap's id of this attempt, which OpenAI keeps with the
+    request (ASCII, under its 512-character limit)."""
+    client_id = CLIENT_REQUEST_ID.get()
+    return {"X-Client-Request-Id": client_id} if client_id else None
 
 
 async def _events(

@@ -162,7 +162,13 @@ class HttpTransport:
         return self._session
 
     async def post(
-        self, data: bytes, *, timeout: float, url: str | None = None, limit: int | None = None
+        self,
+        data: bytes,
+        *,
+        timeout: float,
+        url: str | None = None,
+        limit: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[bytes, Mapping[str, str]]:
         """The 200 answer's body (at most ``limit`` bytes) and headers; any other status
         raises ``failure_of``'s."""
@@ -183,7 +189,7 @@ class HttpTransport:
                 data=data,
                 timeout=client_timeout,
                 allow_redirects=False,
-                headers=TRACE_HEADERS.get(),
+                headers=_with_trace(headers),
             ) as resp:
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
@@ -203,7 +209,12 @@ class HttpTransport:
 
     @asynccontextmanager
     async def open(
-        self, data: bytes, *, timeout: float, url: str | None = None
+        self,
+        data: bytes,
+        *,
+        timeout: float,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A 200 response whose body is still to be read; closed on leaving the context
         (client disconnect included), which cancels the upstream request."""
@@ -220,7 +231,7 @@ class HttpTransport:
                     data=data,
                     timeout=client_timeout,
                     allow_redirects=False,
-                    headers=TRACE_HEADERS.get(),
+                    headers=_with_trace(headers),
                 ),
                 timeout,
             )
@@ -358,3 +369,11 @@ def _converted(exc: Exception, partial: bool) -> AttemptFailed | None:
         # a response the HTTP parser rejects mid-body (a line or chunk it cannot read)
         return AttemptFailed("protocol", 200, detail=type(exc).__name__, partial=partial)
     return None
+
+
+def _with_trace(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """The attempt's own headers (``X-Client-Request-Id``) and the trace context."""
+    trace = TRACE_HEADERS.get()
+    if trace is None or headers is None:
+        return headers if trace is None else trace
+    return {**trace, **headers}

@@ -26,7 +26,7 @@ from ncap.config import LedgerDurability, utcnow
 from ncap.domain.events import LedgerEvent
 from ncap.errors import ConfigError
 from ncap.stores._common import is_held, spent_totals
-from ncap.stores._postgres import PostgresPool, postgres_target
+from ncap.stores._postgres import STORE_TIMEOUT_S, PostgresPool, postgres_target
 from ncap.stores._sqlite import Synchronous, sqlite_version
 from ncap.stores.base import (
     BudgetHistory,
@@ -89,7 +89,9 @@ __all__ = [
 _SYNCHRONOUS: dict[LedgerDurability, Synchronous] = {"normal": "NORMAL", "full": "FULL"}
 
 
-def ledger_from_url(url: str, *, durability: LedgerDurability = "normal") -> LedgerStore:
+def ledger_from_url(
+    url: str, *, durability: LedgerDurability = "normal", timeout_s: float = STORE_TIMEOUT_S
+) -> LedgerStore:
     """The ledger store ``url`` names; ``ConfigError`` for anything unusable."""
     scheme = _scheme(url, "ledger")
     if scheme == "memory":
@@ -98,7 +100,9 @@ def ledger_from_url(url: str, *, durability: LedgerDurability = "normal") -> Led
         path, synchronous = sqlite_target(url, default=_SYNCHRONOUS[durability])
         return SQLiteLedgerStore(path, synchronous=synchronous)
     if scheme in ("postgresql", "postgres"):
-        return PostgresLedgerStore(_checked(url, "ledger"), durability=durability)
+        return PostgresLedgerStore(
+            _checked(url, "ledger"), durability=durability, timeout_s=timeout_s
+        )
     raise _unsupported(url, "ledger")
 
 
@@ -108,10 +112,12 @@ def budgets_from_url(
     gateway_instance: str = "local",
     clock: Callable[[], datetime] | None = None,
     history: BudgetHistory | None = None,
+    timeout_s: float = STORE_TIMEOUT_S,
 ) -> BudgetStore:
     """The budget store ``url`` names; holds are tagged with ``gateway_instance``.
-    In-process budgets given a ``history`` (the ledger) rebuild from it at start-up;
-    Redis keeps the server's time unless a ``clock`` is given (tests)."""
+    In-process budgets given a ``history`` (the ledger) rebuild from it at start-up,
+    Redis ones whenever Redis lost their counters; Redis keeps the server's time
+    unless a ``clock`` is given (tests)."""
     scheme = _scheme(url, "budgets")
     if scheme == "memory":
         return MemoryBudgetStore(
@@ -123,7 +129,16 @@ def budgets_from_url(
             path, gateway_instance=gateway_instance, clock=clock or utcnow, synchronous=synchronous
         )
     if scheme in ("redis", "rediss"):
-        return RedisBudgetStore(url, gateway_instance=gateway_instance, clock=clock)
+        # the counters are a cache of the ledger: rebuilt from it when Redis lost them
+        return RedisBudgetStore(
+            url,
+            gateway_instance=gateway_instance,
+            clock=clock,
+            history=history,
+            connect_timeout_s=timeout_s,
+            timeout_s=timeout_s,
+            pool_timeout_s=timeout_s,
+        )
     raise _unsupported(url, "budgets")
 
 

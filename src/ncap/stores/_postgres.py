@@ -6,6 +6,11 @@ The pool opens on first use and migrates under an advisory lock, so N gateways
 starting together apply each revision once. A pool that cannot connect raises
 ``StoreUnavailable`` and is retried on the next call: service resumes by itself.
 
+Every call is bounded (``timeout_s``, the configuration's ``stores.timeout_s``, 2 s by
+default): connecting, checking a connection out of the pool and each statement, so a
+partitioned server (packets dropped, nothing reset) becomes ``StoreUnavailable`` — a
+503 at the edge — within that time rather than after the kernel gives up.
+
 ``synchronous_commit`` (the ledger's ``stores.ledger_durability``: ``normal`` is ``off``,
 ``full`` leaves the server's own setting) is a start-up parameter of every pooled
 connection, so it is the session's default and no statement can lose it. A
@@ -27,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
@@ -37,7 +44,9 @@ import asyncpg
 from ncap.errors import StoreUnavailable
 from ncap.stores._migrations import Migration, migrations
 
-__all__ = ["PostgresPool", "mapped", "migrate", "postgres_target"]
+__all__ = ["STORE_TIMEOUT_S", "PostgresPool", "mapped", "migrate", "postgres_target"]
+
+STORE_TIMEOUT_S = 2.0  # the default bound of one store call (connect, checkout, statement)
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # the writer's connections (module docstring): generic plans, primary-key lookups only
@@ -102,18 +111,17 @@ class PostgresPool:
         *,
         store: str = "ledger",
         max_size: int = 8,
-        connect_timeout_s: float = 2.0,
-        command_timeout_s: float = 10.0,
+        timeout_s: float = STORE_TIMEOUT_S,
         synchronous_commit: str | None = None,
     ) -> None:
         self.dsn, self.schema = postgres_target(url)
+        quiet_pool_floor_logs()
         if "synchronous_commit" in parse_qs(urlsplit(self.dsn).query):
             synchronous_commit = None  # the URL's own (asyncpg passes it as a setting)
         self.synchronous_commit = synchronous_commit
         self._store = store
         self._max_size = max_size
-        self._connect_timeout_s = connect_timeout_s
-        self._command_timeout_s = command_timeout_s
+        self.timeout_s = timeout_s
         self._pool: asyncpg.Pool | None = None
         self._writer: asyncpg.Pool | None = None
         self._lock = asyncio.Lock()
@@ -125,7 +133,9 @@ class PostgresPool:
         async with self._lock:
             if self._pool is None:
                 with mapped(self._store):
-                    self._pool = await self._open()
+                    # the migration may wait for a peer's (advisory lock): longer bound
+                    async with asyncio.timeout(max(self.timeout_s * 5, 10.0)):
+                        self._pool = await self._open()
         return self._pool
 
     async def writer(self) -> asyncpg.Pool:
@@ -137,14 +147,13 @@ class PostgresPool:
         async with self._lock:
             if self._writer is None:
                 with mapped(self._store):
-                    self._writer = await self._create(2, WRITER_SETTINGS)
+                    async with asyncio.timeout(self.timeout_s):
+                        self._writer = await self._create(2, WRITER_SETTINGS)
         return self._writer
 
     async def _open(self) -> asyncpg.Pool:
         settings = {"search_path": self.schema} if self.schema else {}
-        conn = await asyncpg.connect(
-            self.dsn, timeout=self._connect_timeout_s, server_settings=settings
-        )
+        conn = await asyncpg.connect(self.dsn, timeout=self.timeout_s, server_settings=settings)
         try:
             self.version = await migrate(conn, self.schema)  # at the server's durability
         finally:
@@ -159,8 +168,8 @@ class PostgresPool:
             self.dsn,
             min_size=1,
             max_size=max_size,
-            timeout=self._connect_timeout_s,
-            command_timeout=self._command_timeout_s,
+            timeout=self.timeout_s,
+            command_timeout=self.timeout_s,
             server_settings={**settings, **extra},
             reset=_keep_session,
         )
@@ -170,12 +179,14 @@ class PostgresPool:
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         pool = await self.get()
         with mapped(self._store):
-            return list(await pool.fetch(sql, *args))
+            async with asyncio.timeout(self.timeout_s), pool.acquire() as conn:
+                return list(await conn.fetch(sql, *args))
 
     async def execute(self, sql: str, *args: Any) -> str:
         pool = await self.get()
         with mapped(self._store):
-            return str(await pool.execute(sql, *args))
+            async with asyncio.timeout(self.timeout_s), pool.acquire() as conn:
+                return str(await conn.execute(sql, *args))
 
     async def close(self) -> None:
         for pool in (self._writer, self._pool):
@@ -183,6 +194,47 @@ class PostgresPool:
                 with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                     await asyncio.wait_for(pool.close(), 5)
         self._writer = self._pool = None
+
+
+class _PoolFloorFilter(logging.Filter):
+    """asyncpg logs "Failed to restore the pool connection floor" with a full traceback
+    each time it fails to reconnect its idle floor (several times a second across
+    gateways while PostgreSQL is away): enough to drown real alerts, and the outage is
+    already reported (503s, /readyz, the heartbeat warning). This keeps one line
+    without the traceback per ``every_s``, saying how many were folded into it."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        super().__init__()
+        self._every_s = every_s
+        self._last = -every_s
+        self._folded = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "connection floor" not in str(record.msg):
+            return True
+        now = time.monotonic()
+        if now - self._last < self._every_s:
+            self._folded += 1
+            return False
+        cause = record.exc_info[1] if record.exc_info else None
+        reason = type(cause).__name__ if cause is not None else "unknown"
+        record.msg = "PostgreSQL unreachable: cannot restore the pool's idle connections (%s)"
+        record.args = (reason,)
+        if self._folded:
+            record.msg += "; %d such failures since the last line"
+            record.args = (reason, self._folded)
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        self._last, self._folded = now, 0
+        return True
+
+
+def quiet_pool_floor_logs() -> None:
+    """Install ``_PoolFloorFilter`` on asyncpg's pool logger (once per process)."""
+    logger = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, _PoolFloorFilter) for f in logger.filters):
+        logger.addFilter(_PoolFloorFilter())
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

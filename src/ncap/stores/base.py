@@ -108,15 +108,23 @@ class LedgerStore(Protocol):
         """Events with ``since <= timestamp < until``, oldest first, streamed."""
         ...
 
-    async def pending(self) -> list[LedgerEvent]:
-        """Events awaiting reconciliation (``pending`` or ``usage_reconciliation_required``)."""
+    async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
+        """Events awaiting reconciliation (``pending`` or ``usage_reconciliation_required``),
+        and with ``reserved_before`` also ``reserved`` rows older than it (left
+        reserved past their attempt's time limit, not swept yet)."""
         ...
 
     async def mark_lost(
-        self, gateway_instance: str | None = None, *, before: datetime | None = None
+        self,
+        gateway_instance: str | None = None,
+        *,
+        before: datetime | None = None,
+        reason: str = "gateway_lost",
     ) -> int:
-        """Turn ``reserved`` rows of a dead gateway (None: of any) into
-        ``usage_reconciliation_required``/``gateway_lost``; returns how many."""
+        """Turn ``reserved`` rows of a dead gateway (None: of any; ``before``: only rows
+        older than that) into ``usage_reconciliation_required`` with ``reason``
+        (``gateway_lost``, or ``reserved_timeout`` for rows left reserved past their
+        attempt's time limit); returns how many."""
         ...
 
     async def import_reconciliation(

@@ -127,20 +127,30 @@ class MemoryLedgerStore:
         for total in spent_totals(self._merged().values(), since):
             yield total
 
-    async def pending(self) -> list[LedgerEvent]:
+    async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
         return sorted(
-            (e for e in self._merged().values() if e.state in UNSETTLED_STATES), key=_order
+            (
+                e
+                for e in self._merged().values()
+                if e.state in UNSETTLED_STATES
+                or (reserved_before is not None and is_lost(e, None, reserved_before))
+            ),
+            key=_order,
         )
 
     async def mark_lost(
-        self, gateway_instance: str | None = None, *, before: datetime | None = None
+        self,
+        gateway_instance: str | None = None,
+        *,
+        before: datetime | None = None,
+        reason: str = "gateway_lost",
     ) -> int:
         lost = [k for k, e in self._merged().items() if is_lost(e, gateway_instance, before)]
         for key in lost:
             self._rows[key] = replace(
                 self._rows[key],
                 state="usage_reconciliation_required",
-                reconciliation_reason="gateway_lost",
+                reconciliation_reason=reason,
             )
         return len(lost)
 

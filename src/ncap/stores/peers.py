@@ -22,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from ncap.config import utcnow
 from ncap.errors import ConfigError, StoreUnavailable
 from ncap.stores.base import BudgetStore, LedgerStore
 from ncap.stores.instances import Identity, InstanceInfo, InstanceRegistry
@@ -52,6 +55,8 @@ class PeerWatch:
         *,
         interval_s: float = 2.0,
         timeout_s: float = 15.0,
+        reserved_timeout_s: float | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         if timeout_s <= interval_s:
             raise ConfigError("the heartbeat timeout must be longer than its interval")
@@ -61,6 +66,8 @@ class PeerWatch:
         self.me = me
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.reserved_timeout_s = reserved_timeout_s
+        self._clock = clock
         self.recovered: list[Recovered] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -104,10 +111,26 @@ class PeerWatch:
         return done
 
     async def sweep(self) -> list[Recovered]:
-        """Beat, then recover every peer whose heartbeat expired."""
+        """Beat, recover every peer whose heartbeat expired, then flag the rows left
+        ``reserved`` past their attempt's time limit by anyone."""
         await self.registry.beat(self.me, self.timeout_s)
         dead = self._dead(await self.registry.instances(), starting=False)
-        return [await self.recover(instance) for instance in dead]
+        done = [await self.recover(instance) for instance in dead]
+        await self.sweep_stale()
+        return done
+
+    async def sweep_stale(self) -> int:
+        """``reserved`` rows older than ``reserved_timeout_s`` (a write that committed
+        after its caller was told nothing was sent, a settlement that never came)
+        become ``usage_reconciliation_required``/``reserved_timeout``: visible in
+        ``ncap reconcile list``, never reserved for ever."""
+        if self.reserved_timeout_s is None:
+            return 0
+        before = self._clock() - timedelta(seconds=self.reserved_timeout_s)
+        rows = await self.ledger.mark_lost(None, before=before, reason="reserved_timeout")
+        if rows:
+            log.warning("%d row(s) left reserved past their time limit: now reserved_timeout", rows)
+        return rows
 
     async def _run(self) -> None:
         while True:
@@ -117,12 +140,16 @@ class PeerWatch:
             except StoreUnavailable as exc:  # the store is down: beat again next tick
                 log.warning("heartbeat failed: %s store (%s) unavailable", exc.store, exc.backend)
 
-    async def stop(self) -> None:
-        """After the in-flight requests drained: leave the registry (nothing to recover)."""
+    async def stop(self, *, leave: bool = True) -> None:
+        """After the in-flight requests drained: stop beating and, with ``leave``, leave
+        the registry (nothing to recover). A gateway stopping with work left (rows
+        still ``reserved``) stays registered: its beat expires, and a peer's sweep or
+        its own restart recovers those rows, as for a gateway that died."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(StoreUnavailable):
-            await self.registry.forget(self.me.instance)
+        if leave:
+            with contextlib.suppress(StoreUnavailable):
+                await self.registry.forget(self.me.instance)

@@ -51,8 +51,8 @@ from ncap.stores._common import (
     decode_per_choice,
     encode_per_choice,
 )
-from ncap.stores._postgres import PostgresPool, mapped
-from ncap.stores.base import DuplicateAttempt, ImportResult
+from ncap.stores._postgres import STORE_TIMEOUT_S, PostgresPool, mapped
+from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
 
 __all__ = ["PostgresLedgerStore"]
 
@@ -125,9 +125,16 @@ class PostgresLedgerStore:
     """``LedgerStore`` on PostgreSQL, shared by every replica."""
 
     def __init__(
-        self, url: str, *, durability: LedgerDurability = "normal", max_batch: int = MAX_BATCH
+        self,
+        url: str,
+        *,
+        durability: LedgerDurability = "normal",
+        max_batch: int = MAX_BATCH,
+        timeout_s: float = STORE_TIMEOUT_S,
     ) -> None:
-        self.pool = PostgresPool(url, store="ledger", synchronous_commit=_SYNCHRONOUS[durability])
+        self.pool = PostgresPool(
+            url, store="ledger", synchronous_commit=_SYNCHRONOUS[durability], timeout_s=timeout_s
+        )
         self._max_batch = max_batch
         self._queue: list[_Write] = []
         self._wake: asyncio.Event | None = None
@@ -157,7 +164,13 @@ class PostgresLedgerStore:
             self._writer = asyncio.create_task(self._write_loop())
         assert self._wake is not None
         self._wake.set()
-        await write.future  # a caller cancelled before its batch starts writes nothing
+        # bounded from submission: a write queued behind a batch that hangs (a partition)
+        # fails on time, and is never sent if its batch had not started
+        deadline = asyncio.get_running_loop().call_later(self.pool.timeout_s, _expire, write.future)
+        try:
+            await write.future  # a caller cancelled before its batch starts writes nothing
+        finally:
+            deadline.cancel()
 
     async def _write_loop(self) -> None:
         assert self._wake is not None
@@ -179,7 +192,9 @@ class PostgresLedgerStore:
 
     async def _commit(self, batch: list[_Write]) -> None:
         try:
-            outcomes = await _run_batch(await self._connection(), batch)
+            # bounded as every store call: a partition fails the batch, never hangs it
+            async with asyncio.timeout(self.pool.timeout_s):
+                outcomes = await _run_batch(await self._connection(), batch)
         except StoreUnavailable as exc:
             outcomes = [exc] * len(batch)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
@@ -251,23 +266,53 @@ class PostgresLedgerStore:
             last = rows[-1]
             after = (last["timestamp"], last["request_id"], last["attempt"])
 
-    async def pending(self) -> list[LedgerEvent]:
+    async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
         rows = await self.pool.fetch(
             f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required')"
-            " ORDER BY timestamp, request_id, attempt"
+            " OR ($1::timestamptz IS NOT NULL AND state = 'reserved' AND timestamp < $1)"
+            " ORDER BY timestamp, request_id, attempt",
+            reserved_before,
         )
         return [_decode(r) for r in rows]
 
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        """Admitted rows still holding their reservation (``BudgetHistory``)."""
+        rows = await self.pool.fetch(
+            f"{_SELECT} WHERE state IN ('reserved', 'pending', 'usage_reconciliation_required')"
+            " AND policy_result = 'allow' ORDER BY timestamp, request_id, attempt"
+        )
+        for row in rows:
+            yield _decode(row)
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        """Spend per (workload, exception, UTC minute), summed by the server."""
+        rows = await self.pool.fetch(
+            "SELECT workload_id, exception_id,"
+            " to_char(timestamp AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI'),"
+            " COALESCE(SUM(total_tokens), 0), COALESCE(SUM(cost_micros), 0), COUNT(*)"
+            " FROM ledger_events WHERE state IN ('settled', 'reconciled')"
+            " AND usage_source != 'none' AND policy_result = 'allow'"
+            " AND (timestamp >= $1 OR exception_id IS NOT NULL) GROUP BY 1, 2, 3",
+            since,
+        )
+        for r in rows:
+            yield SpentTotal(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5]))
+
     async def mark_lost(
-        self, gateway_instance: str | None = None, *, before: datetime | None = None
+        self,
+        gateway_instance: str | None = None,
+        *,
+        before: datetime | None = None,
+        reason: str = "gateway_lost",
     ) -> int:
         status = await self.pool.execute(
             "UPDATE ledger_events SET state = 'usage_reconciliation_required',"
-            " reconciliation_reason = 'gateway_lost'"
+            " reconciliation_reason = $3"
             " WHERE state = 'reserved' AND ($1::text IS NULL OR gateway_instance = $1)"
             " AND ($2::timestamptz IS NULL OR timestamp < $2)",
             gateway_instance,
             before,
+            reason,
         )
         return int(status.split()[-1])
 
@@ -436,7 +481,7 @@ def _update_one(names: tuple[str, ...], first: int) -> str:
 
 async def _run_alone(pool: PostgresPool, write: _Write) -> BaseException | None:
     try:
-        async with (await pool.writer()).acquire() as conn:
+        async with asyncio.timeout(pool.timeout_s), (await pool.writer()).acquire() as conn:
             return (await _run_batch(conn, [write]))[0]
     except StoreUnavailable as exc:
         return exc
@@ -456,6 +501,11 @@ async def _update(conn: Conn, write: _Write) -> BaseException | None:
     if status.split()[-1] == "0":
         return _no_row(write.key)
     return None
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(StoreUnavailable("ledger", "PostgreSQL", "TimeoutError"))
 
 
 def _no_row(key: tuple[str, int]) -> KeyError:

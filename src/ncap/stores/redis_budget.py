@@ -37,7 +37,9 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Any
@@ -52,7 +54,8 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
 from ncap.errors import StoreUnavailable
 from ncap.stores._common import hold_ref
-from ncap.stores.base import Hold
+from ncap.stores.base import BudgetHistory, Hold
+from ncap.stores.redis_rebuild import restore_payloads
 
 _pack_command: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis]: the C packer (redis.asyncio itself packs in Python)
@@ -64,11 +67,13 @@ except ImportError:  # pragma: no cover - the dependency is redis[hiredis]
 
 __all__ = ["SCRIPT_VERSION", "RedisBudgetStore", "mapped_redis", "redis_target"]
 
-SCRIPT_VERSION = "budgets_v2"
+SCRIPT_VERSION = "budgets_v3"
 KEY_SCHEMA = "b1"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NONE = -1  # "no limit" for the script
 _Reserved = tuple[str, str, list[Any]]  # workload, hold id, the script's answer
+LOST = "NCAPLOST"  # the script's refusal when a workload's counters were lost
+log = logging.getLogger("ncap.stores.redis")
 
 
 def redis_target(url: str) -> tuple[str, str]:
@@ -120,14 +125,22 @@ class RedisBudgetStore:
         *,
         gateway_instance: str = "local",
         clock: Callable[[], datetime] | None = None,
-        connect_timeout_s: float = 5.0,
-        timeout_s: float = 5.0,
+        connect_timeout_s: float = 2.0,
+        timeout_s: float = 2.0,
         max_connections: int = 64,
-        pool_timeout_s: float = 10.0,
+        pool_timeout_s: float = 2.0,
+        history: BudgetHistory | None = None,
+        rebuild_grace_s: float = 0.5,
+        rebuild_wait_s: float = 2.0,
     ) -> None:
         target, self.prefix = redis_target(url)
         self._instance = gateway_instance
         self._clock = clock
+        self._history = history
+        self._rebuild_grace_s = rebuild_grace_s
+        self._wait_s = rebuild_wait_s
+        self._rebuilding: asyncio.Task[int] | None = None
+        self.rebuilds = 0  # how many workloads this gateway wrote back (tests, metrics)
         # a bounded pool that waits for a free connection rather than failing a burst:
         # a dead Redis fails fast (connect/socket timeouts), a busy pool only queues
         pool = aioredis.BlockingConnectionPool.from_url(
@@ -161,8 +174,145 @@ class RedisBudgetStore:
             tag = hashlib.sha1(workload_id.encode()).hexdigest()
         return f"{self.prefix}:{KEY_SCHEMA}:{{{tag}}}"
 
-    async def _call(self, workload_id: str, *args: Any) -> Any:
-        return await self._calls(self._base(workload_id), args)
+    async def _call(
+        self, workload_id: str, *args: Any, first: tuple[Any, ...] | None = None
+    ) -> Any:
+        """One script call; when the counters were lost, again once rebuilt (after
+        ``first``, a call that undoes what the rebuild may have made of this one)."""
+        key = self._base(workload_id)
+        try:
+            return await self._calls(key, args)
+        except StoreUnavailable as exc:
+            if not _lost(exc):
+                raise
+            if not await self._wait_for_rebuild(workload_id):
+                raise _lost_error(exc) from exc.__cause__
+        try:  # rebuilt: once more (the refused call changed nothing)
+            if first is not None:
+                await self._calls(key, first)
+            return await self._calls(key, args)
+        except StoreUnavailable as exc:
+            if not _lost(exc):
+                raise
+            raise _lost_error(exc) from exc.__cause__
+
+    # -- lost counters -----------------------------------------------------------------
+
+    async def _wait_for_rebuild(self, workload_id: str) -> bool:
+        """The counters were lost: start one rebuild in the background (whichever
+        gateway takes the Redis lock rebuilds; the others wait for its marker) and wait
+        up to ``rebuild_wait_s`` for this workload's marker; True once it is back."""
+        if self._history is None:
+            return False  # nothing to rebuild from (a tool without a ledger): refuse
+        if self._rebuilding is None or self._rebuilding.done():
+            self._rebuilding = asyncio.create_task(self._rebuild_quietly(workload_id))
+        # bounded without cancelling anything (redis-py calls have their own timeouts)
+        deadline = time.monotonic() + self._wait_s
+        done, _ = await asyncio.wait({self._rebuilding}, timeout=self._wait_s)
+        while done and time.monotonic() < deadline:
+            with mapped_redis():  # a peer holds the lock: its marker comes when it is done
+                if await self._redis.exists(f"{self._base(workload_id)}:g"):
+                    return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def _rebuild_quietly(self, workload_id: str) -> int:
+        try:
+            return await self.rebuild([workload_id])
+        except StoreUnavailable as exc:
+            log.warning("rebuilding the budget counters failed: %s", exc.detail)
+            return 0
+        except Exception as exc:  # logged, never left unretrieved in a task
+            log.error("rebuilding the budget counters failed: %s", type(exc).__name__)
+            return 0
+
+    async def rebuild(self, workloads: Iterable[str] = ()) -> int:
+        """Write back, from the ledger, the counters of every workload whose marker is
+        missing; returns how many this call restored (0 when another gateway holds the
+        rebuild lock, or every marker is present). Waits ``rebuild_grace_s`` after
+        taking the lock, so that settlements whose Redis step ran just before the loss
+        have written their ledger row before the ledger is read."""
+        if self._history is None:
+            raise StoreUnavailable("budgets", "Redis", "counters lost; no ledger to rebuild from")
+        lock = self._redis.lock(f"{self.prefix}:{KEY_SCHEMA}:rebuild", timeout=120)
+        with mapped_redis():
+            if not await lock.acquire(blocking=False):
+                return 0
+        try:
+            log.warning("Redis budget counters were lost; rebuilding them from the ledger")
+            await asyncio.sleep(self._rebuild_grace_s)
+            return await self._restore_all(workloads)
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await lock.release()
+
+    async def _restore_all(self, workloads: Iterable[str]) -> int:
+        assert self._history is not None
+        with mapped_redis():
+            seconds, micros = await self._redis.time()
+        now = self._clock() if self._clock is not None else _at(seconds * 1_000_000 + micros)
+        payloads = await restore_payloads(self._history, now)
+        names = set(workloads) | set(payloads) | set(await self._workloads())
+        generation = uuid4().hex
+        restored = 0
+        for workload_id in sorted(names):
+            payload = payloads.get(workload_id)
+            body = json.dumps(payload.payload() if payload else {"c": {}, "h": {}})
+            restored += int(
+                await self._calls(self._base(workload_id), ("restore", generation, body))
+            )
+            with mapped_redis():
+                await self._redis.sadd(self._workloads_key, workload_id)
+        self.rebuilds += restored
+        if restored:
+            log.warning("budget counters of %d workload(s) rebuilt from the ledger", restored)
+        return restored
+
+    async def ensure_counters(self, workloads: Iterable[str], timeout_s: float = 60.0) -> None:
+        """At start-up: every workload's counters are whole, rebuilt here (or by a peer,
+        waited for) when they are not."""
+        names = list(workloads)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = await self._missing_markers(names)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise StoreUnavailable("budgets", "Redis", "counters lost and not rebuilt")
+            if not await self.rebuild(missing):
+                await asyncio.sleep(0.2)  # a peer holds the lock: wait for its markers
+
+    async def _missing_markers(self, workloads: list[str]) -> list[str]:
+        with mapped_redis():
+            found = [await self._redis.exists(f"{self._base(w)}:g") for w in workloads]
+        return [w for w, present in zip(workloads, found, strict=True) if not present]
+
+    async def server_warnings(self) -> list[str]:
+        """What in the Redis server's settings can lose counters (module doc): both
+        heal by a rebuild from the ledger, at the cost of 503s while it runs. A
+        server that refuses CONFIG (some managed offerings) is not second-guessed."""
+        settings: dict[str, str] = {}
+        with mapped_redis():
+            for name in ("appendonly", "save", "maxmemory-policy"):
+                try:
+                    found = await self._redis.config_get(name)
+                except ResponseError:
+                    return []
+                settings.update({_text(k or ""): _text(v or "") for k, v in found.items()})
+        out = []
+        if settings.get("appendonly") != "yes" and not settings.get("save", "").strip():
+            out.append(
+                "Redis has no persistence (appendonly no, no save points): a restart "
+                "empties the budget counters, and every gateway refuses (503) while one "
+                "rebuilds them from the ledger; set appendonly yes"
+            )
+        policy = settings.get("maxmemory-policy") or "noeviction"
+        if policy != "noeviction":
+            out.append(
+                f"Redis maxmemory-policy is {policy}: an evicted budget key is a lost "
+                "counter; set maxmemory-policy noeviction"
+            )
+        return out
 
     def _now_arg(self, now: datetime | None) -> str:
         if now is None and self._clock is not None:
@@ -221,7 +371,10 @@ class RedisBudgetStore:
 
     async def _reserve(self, workload_id: str, hold_id: str, args: list[Any]) -> _Reserved:
         await self._register(workload_id)
-        return workload_id, hold_id, list(await self._call(workload_id, *args))
+        # a reservation sent beside its ledger row: a rebuild may have read that row and
+        # made it an (unchecked) active hold; given back before admission runs again
+        undo = ("release", hold_id)
+        return workload_id, hold_id, list(await self._call(workload_id, *args, first=undo))
 
     async def _register(self, workload_id: str) -> None:
         """The set of workloads lets sweeps and reconciliation find every hold."""
@@ -311,6 +464,8 @@ class RedisBudgetStore:
             await self._redis.ping()
 
     async def close(self) -> None:
+        if self._rebuilding is not None:
+            await asyncio.gather(self._rebuilding, return_exceptions=True)
         if self._orphans:
             await asyncio.gather(*self._orphans, return_exceptions=True)
         await self._calls.close()
@@ -479,6 +634,15 @@ class _Pipelined:
             await connection.disconnect(nowait=True)
             raise
         return results
+
+
+def _lost_error(exc: StoreUnavailable) -> StoreUnavailable:
+    return StoreUnavailable("budgets", "Redis", "counters lost; rebuilding from the ledger")
+
+
+def _lost(exc: StoreUnavailable) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, ResponseError) and str(cause).startswith(LOST)
 
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:

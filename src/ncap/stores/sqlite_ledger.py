@@ -155,18 +155,26 @@ class SQLiteLedgerStore:
         for total in await self._reader.run(lambda conn: _spent_totals(conn, stamp)):
             yield total
 
-    async def pending(self) -> list[LedgerEvent]:
+    async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
+        stamp = _ts(reserved_before) if reserved_before else None
         sql = (
             f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required') "
+            "OR (? IS NOT NULL AND state = 'reserved' AND timestamp < ?) "
             "ORDER BY timestamp, request_id, attempt"
         )
-        return await self._reader.run(lambda conn: _fetch(conn, sql, ()))
+        return await self._reader.run(lambda conn: _fetch(conn, sql, (stamp, stamp)))
 
     async def mark_lost(
-        self, gateway_instance: str | None = None, *, before: datetime | None = None
+        self,
+        gateway_instance: str | None = None,
+        *,
+        before: datetime | None = None,
+        reason: str = "gateway_lost",
     ) -> int:
         stamp = _ts(before) if before else None
-        return await self._writer.run(lambda conn: _mark_lost(conn, gateway_instance, stamp))
+        return await self._writer.run(
+            lambda conn: _mark_lost(conn, gateway_instance, stamp, reason)
+        )
 
     async def import_reconciliation(
         self, rows: Iterable[ReconciliationRow], *, pricing: Mapping[str, Pricing] | None = None
@@ -302,13 +310,15 @@ def _update(
         raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
 
 
-def _mark_lost(conn: sqlite3.Connection, instance: str | None, before: str | None) -> int:
+def _mark_lost(
+    conn: sqlite3.Connection, instance: str | None, before: str | None, reason: str
+) -> int:
     cur = conn.execute(
         "UPDATE ledger_events SET state = 'usage_reconciliation_required',"
-        " reconciliation_reason = 'gateway_lost'"
+        " reconciliation_reason = ?"
         " WHERE state = 'reserved' AND (? IS NULL OR gateway_instance = ?)"
         " AND (? IS NULL OR timestamp < ?)",
-        (instance, instance, before, before),
+        (reason, instance, instance, before, before),
     )
     return cur.rowcount
 

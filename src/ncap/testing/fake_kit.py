@@ -123,6 +123,8 @@ class FakeState:
         self.by_endpoint: dict[str, int] = {}
         self.by_key: dict[str, int] = {}
         self.last_headers: Mapping[str, str] | None = None
+        # X-Client-Request-Id of every request, as a provider's usage records keep it
+        self.client_request_ids: list[str] = []
         self.recent_bodies: deque[bytes] = deque(maxlen=_RECENT_BODIES)
         self.max_in_flight = self.in_flight
         self.disconnects = 0
@@ -140,6 +142,9 @@ class FakeState:
         if key is not None:
             self.by_key[key] = self.by_key.get(key, 0) + 1
         self.last_headers = headers
+        client_id = headers.get("X-Client-Request-Id")
+        if client_id is not None:
+            self.client_request_ids.append(client_id)
         self.recent_bodies.append(body)
         return f"req_fake_{self.instance}_{self.serial}"
 

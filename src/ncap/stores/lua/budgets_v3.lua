@@ -1,5 +1,11 @@
--- ncap budget script, version 2 (key schema "b1", the same keys and hold records as
--- version 1, so gateways on either share a store). Loaded once by SHA (EVALSHA;
+-- ncap budget script, version 3 (key schema "b1", the same keys and hold records as
+-- versions 1 and 2). Version 3 adds the generation marker ":g": every operation on a
+-- workload's counters first checks that it exists, and refuses with the error
+-- "NCAPLOST" when it does not (the counters were lost: a restart without persistence,
+-- a FLUSHALL, a failover to an empty replica, an eviction). The gateway then rebuilds
+-- them from the ledger and writes them, holds and marker together, with "restore".
+-- Gateways still on version 2 do not check the marker: upgrade them all together.
+-- Loaded once by SHA (EVALSHA;
 -- reloaded on NOSCRIPT). Only bucket arithmetic lives here: the caller
 -- decides policy and turns a refusal's counters into the right error.
 --
@@ -13,6 +19,7 @@
 --   :f                          active (in-flight) holds
 --   :h                          hold id -> JSON record
 --   :i:<instance>               ids of that gateway's active holds (for recovery)
+--   :g                          generation marker: present while the counters are whole
 -- Time is the server's (TIME) unless the caller passes one (tests).
 --
 -- Version 2 does what version 1 did with fewer commands (each redis.call costs the
@@ -23,6 +30,11 @@
 -- settlement or release skips the counters it would change by zero.
 local base = KEYS[1]
 local op = ARGV[1]
+
+-- every operation but "restore" and "recover" needs whole counters
+if op ~= 'restore' and op ~= 'recover' and redis.call('EXISTS', base .. ':g') == 0 then
+  return redis.error_reply('NCAPLOST budget counters lost; rebuilding from the ledger')
+end
 
 local function fmt(n) return string.format('%d', n) end
 
@@ -217,4 +229,29 @@ if op == 'recover' then
   return count
 end
 
-return redis.error_reply('ncap budgets_v2: unknown op ' .. tostring(op))
+if op == 'restore' then
+  -- ARGV: op, generation, JSON {c = {key suffix: {amount, ttl}}, h = {hold id: record}}.
+  -- Writes counters rebuilt from the ledger, their holds and the marker at once;
+  -- a no-op (0) when the marker is back already (another gateway rebuilt them).
+  if redis.call('EXISTS', base .. ':g') == 1 then return 0 end
+  local data = cjson.decode(ARGV[3])
+  for suffix, entry in pairs(data.c) do
+    local key = base .. suffix
+    redis.call('SET', key, fmt(entry[1]))
+    if entry[2] > 0 then redis.call('EXPIRE', key, entry[2]) end
+  end
+  redis.call('DEL', base .. ':h', base .. ':f')
+  local active = 0
+  for id, rec in pairs(data.h) do
+    redis.call('HSET', base .. ':h', id, cjson.encode(rec))
+    if rec.s == 'active' then
+      active = active + 1
+      redis.call('SADD', base .. ':i:' .. rec.g, id)
+    end
+  end
+  if active > 0 then redis.call('SET', base .. ':f', fmt(active)) end
+  redis.call('SET', base .. ':g', ARGV[2])
+  return 1
+end
+
+return redis.error_reply('ncap budgets_v3: unknown op ' .. tostring(op))
