@@ -112,7 +112,12 @@ class RecordedTransport:
 
     @asynccontextmanager
     async def open(
-        self, data: bytes, *, timeout: float, url: str | None = None
+        self,
+        data: bytes,
+        *,
+        timeout: float,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[_Response]:
         reads, cut = self.recordings[self.opened]
         branch = self.opened
