@@ -189,3 +189,19 @@ def test_common_prefix(a: tuple[int, ...], b: tuple[int, ...], n: int) -> None:
     assert common_prefix(a, b) == n == common_prefix(b, a)
     long = tuple(range(1000))
     assert common_prefix(long, (*long[:777], -1)) == 777
+
+
+def test_a_call_without_a_free_string_still_has_a_grammar() -> None:
+    """A const name and enum-only arguments: no ``char`` rule to replace, no refusal."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+            },
+        },
+    }
+    spec = tool_spec({"tools": [tool], "tool_choice": "required"})
+    assert spec is not None and tool_grammar(spec).startswith("root ::= tool-calls\n")
