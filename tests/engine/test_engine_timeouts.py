@@ -17,6 +17,7 @@ import pytest
 from ncap.config import LocalRoute, Stores, default_config
 from ncap.engine import GenerationParams, collect
 from ncap.engine.scheduler import EngineSpeed
+from ncap.lifecycle.failures import retryable
 from ncap.providers.base import AttemptFailed
 from ncap.providers.local import LocalProvider
 from tests.engine._require import require_engine
@@ -116,7 +117,7 @@ async def test_a_timed_out_attempt_reports_what_it_used_once_its_sequences_are_f
         with pytest.raises(AttemptFailed) as info:
             await p.complete({**LONG_BODY, "n": 4, "max_tokens": 900}, timeout=1.5)
         failure = info.value
-        assert failure.kind == "timeout" and not failure.retryable
+        assert failure.kind == "timeout" and not retryable(failure)
         assert failure.usage is not None and failure.usage.completion_tokens > 0
         engine = await p.engine()
         assert engine.stats().live_sequences == 0 and engine.stats().running_requests == 0

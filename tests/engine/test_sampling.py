@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ncap.engine.params import GenerationParams
-from ncap.engine.sampling import PlainDraw, SamplerChain, build_sampler
+from ncap.engine.sampling import GrammarDraw, PlainDraw, SamplerChain, build_sampler
 
 
 def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -119,8 +119,15 @@ def test_only_plain_sampling_skips_llama_cpp_s_chain(changes: dict[str, Any], pl
     sampler.close()
 
 
-def test_a_grammar_keeps_llama_cpp_s_chain() -> None:
+def test_a_grammar_under_plain_sampling_is_a_grammar_draw() -> None:
     params = GenerationParams(messages=({"role": "user", "content": "hi"},))
+    sampler = build_sampler(_FakeLib(), None, 100, params, seed=1, grammar='root ::= "a"')
+    assert isinstance(sampler, GrammarDraw)
+    sampler.close()
+
+
+def test_a_grammar_with_other_samplers_keeps_llama_cpp_s_chain() -> None:
+    params = GenerationParams(messages=({"role": "user", "content": "hi"},), top_p=0.9)
     sampler = build_sampler(_FakeLib(), None, 100, params, seed=1, grammar='root ::= "a"')
     assert isinstance(sampler, SamplerChain)
     sampler.close()
