@@ -104,7 +104,10 @@ async def test_three_workers_with_an_instance_id(
             assert {e.state for e in others} <= {"settled"}  # siblings' rows untouched
             assert {e.gateway_instance for e in events} <= set(ids)
             # swept by a sibling: before the supervisor's restart of it came up
-            text = (tmp_path / "workers.log").read_text()
+            log_path = tmp_path / "workers.log"
+            # the supervisor's line and the sibling's can reach the shared log in any order
+            assert await wait_for(lambda: _logged(log_path, "restarting it"), timeout=20)
+            text = log_path.read_text()
             swept = text.index(f"gateway {victim} was lost")
             restarted = text.index("restarting it")
             came_up = text.find("ncap listening", restarted)
@@ -193,3 +196,7 @@ def test_a_signal_during_a_restart_delay_starts_nothing_more() -> None:
     assert time.monotonic() - t0 < 5.0  # the delay was cut short
     assert spawned == [1, 2]  # and the killed worker was not started again
     assert all(p.poll() is not None for p in group.procs)
+
+
+async def _logged(path: Path, line: str) -> bool:
+    return line in path.read_text()
