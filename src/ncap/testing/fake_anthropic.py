@@ -50,11 +50,11 @@ from ncap.testing.fake_kit import (
     Faults,
     Plan,
     answer_json,
-    app_runner,
     error_reply,
     parse_faults,
     request_faults,
     resolve_plan,
+    served,
     sleep_while_connected,
     stream_events,
     value_for_schema,
@@ -493,26 +493,14 @@ async def running_fake_anthropic(
 ) -> AsyncIterator[FakeAnthropic]:
     """Serve the fake on an ephemeral port of ``host`` for the duration of the block."""
     app = create_anthropic_app(profile, latency_ms, api_key, cache_ttl_s)
-    runner = app_runner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, 0).start()
-        port = runner.addresses[0][1]
+    async with served(app, host) as port:
         yield FakeAnthropic(f"http://{host}:{port}/v1", app[ANTHROPIC_STATE])
-    finally:
-        await runner.cleanup()
 
 
 async def _serve_forever(host: str, port: int, app: web.Application) -> None:
-    runner = app_runner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        url = f"http://{host}:{runner.addresses[0][1]}/v1"
-        print(f"ncap fake-anthropic listening on {url}", flush=True)
+    async with served(app, host, port, shutdown_timeout=1.0) as bound:
+        print(f"ncap fake-anthropic listening on http://{host}:{bound}/v1", flush=True)
         await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,8 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -51,6 +52,7 @@ __all__ = [
     "parse_faults",
     "request_faults",
     "resolve_plan",
+    "served",
     "shape_events",
     "sleep_while_connected",
     "stream_events",
@@ -306,3 +308,23 @@ def app_runner(app: web.Application, shutdown_timeout: float) -> web.AppRunner:
     return web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout
     )
+
+
+@asynccontextmanager
+async def served(
+    app: web.Application,
+    host: str,
+    port: int = 0,
+    *,
+    shutdown_timeout: float = 0.5,
+    backlog: int = 128,
+) -> AsyncIterator[int]:
+    """Serve a fake's app on ``host:port`` (0: an ephemeral port) for the duration of
+    the block; yields the port it bound."""
+    runner = app_runner(app, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, backlog=backlog).start()
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()

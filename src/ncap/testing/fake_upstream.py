@@ -59,8 +59,8 @@ from ncap.testing.fake_kit import (
     MIN_CACHE_TOKENS,
     FakeState,
     answer_json,
-    app_runner,
     request_faults,
+    served,
     sleep_while_connected,
     stream_events,
 )
@@ -408,33 +408,22 @@ async def running_fake_upstream(
 ) -> AsyncIterator[FakeUpstream]:
     """Serve the fake on an ephemeral port of ``host`` for the duration of the block."""
     app = create_app(profile, latency_ms)
-    runner = app_runner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, 0).start()
-        port = runner.addresses[0][1]
+    async with served(app, host) as port:
         yield FakeUpstream(f"http://{host}:{port}/v1", app[STATE])
-    finally:
-        await runner.cleanup()
 
 
 async def _serve_until_signalled(
     host: str, port: int, profile: str | None, latency_ms: float, announce: Callable[[str], None]
 ) -> None:
     app = create_app(profile, latency_ms)
-    runner = app_runner(app, shutdown_timeout=1.0)
-    await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    try:
-        await web.TCPSite(runner, host, port, backlog=1024).start()
-        announce(f"ncap fake-upstream listening on http://{host}:{runner.addresses[0][1]}/v1")
+    async with served(app, host, port, shutdown_timeout=1.0, backlog=1024) as bound:
+        announce(f"ncap fake-upstream listening on http://{host}:{bound}/v1")
         await stop.wait()
-    finally:
-        await runner.cleanup()
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
