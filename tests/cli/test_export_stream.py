@@ -18,7 +18,7 @@ import pytest
 from ncap.cli.ledger import CSV_COLUMNS, CSV_SELECT, _plain, csv_row, write_csv, write_jsonl
 from ncap.domain.events import LedgerEvent
 from ncap.stores import SQLiteLedgerStore
-from ncap.stores.sqlite_ledger import export_rows
+from ncap.stores.sqlite.ledger import export_rows
 from ncap.testing.ledger_gen import LedgerSpec, generate_ledger
 
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

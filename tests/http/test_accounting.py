@@ -19,7 +19,7 @@ import pytest
 from ncap.domain.events import LedgerEvent
 from ncap.domain.reservation import estimate_input_tokens
 from ncap.stores import SQLiteBudgetStore, SQLiteLedgerStore
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
 from ncap.testing.fake_upstream import FakeState
 from tests.support import ServerThread, gateway, gateway_config
 from tests.wire import validate_chunk, validate_response

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from ncap.domain.events import LedgerEvent
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
 from ncap.testing.fake_upstream import FakeState
 from tests.http.test_accounting import holds, rows
 from tests.support import UPSTREAM_KEY_ENV, ServerThread, gateway, gateway_config

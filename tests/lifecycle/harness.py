@@ -14,7 +14,7 @@ from ncap.domain.events import LedgerEvent
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
 from ncap.metrics import Metrics
 from ncap.stores import MemoryBudgetStore, MemoryLedgerStore
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
 from ncap.streaming.sse import split_events
 from ncap.testing.scripted import ScriptedProvider
 from tests.support import gateway_config

@@ -418,7 +418,7 @@ async def test_every_row_names_the_budget_stores_real_scope(tmp_path: Path) -> N
 
 
 async def test_an_idempotent_repeat_names_the_budget_stores_real_scope(tmp_path: Path) -> None:
-    from ncap.stores.idempotency import SQLiteIdempotency
+    from ncap.stores.sqlite.idempotency import SQLiteIdempotency
 
     budgets = _sqlite_budgets(tmp_path)
     h = harness(
@@ -625,7 +625,7 @@ async def test_an_unknown_or_forbidden_model_word_for_word(tmp_path: Path) -> No
 
 
 async def test_a_key_without_a_store_and_a_store_without_a_key(tmp_path: Path) -> None:
-    from ncap.stores.idempotency import MemoryIdempotency
+    from ncap.stores.memory.idempotency import MemoryIdempotency
 
     answers = [Answer(chat_body("x")), Answer(chat_body("y"))]
     h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))})

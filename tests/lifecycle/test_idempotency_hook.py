@@ -11,7 +11,7 @@ import msgspec
 from ncap.errors import StoreUnavailable
 from ncap.lifecycle import Gateway
 from ncap.lifecycle.idempotency import IN_FLIGHT_S
-from ncap.stores.idempotency import MemoryIdempotency
+from ncap.stores.memory.idempotency import MemoryIdempotency
 from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
 from tests.lifecycle.harness import CALLER, harness, route
 

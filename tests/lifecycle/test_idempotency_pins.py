@@ -26,7 +26,7 @@ from ncap.errors import (
 from ncap.lifecycle import Caller, Gateway, Reply, RouteRuntime
 from ncap.lifecycle.idempotency import IN_FLIGHT_S
 from ncap.providers.base import AttemptFailed
-from ncap.stores.idempotency import MemoryIdempotency
+from ncap.stores.memory.idempotency import MemoryIdempotency
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
 from tests.lifecycle.harness import CALLER, Harness, drain, harness, route
 

@@ -35,7 +35,7 @@ from ncap.protocol.completions import CompletionRequest
 from ncap.protocol.responses import ResponseSummary, SummaryUsage, SummaryUsageDetails
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryLedgerStore
-from ncap.stores.base import hold_id_for
+from ncap.stores.ports import hold_id_for
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
 from tests.lifecycle.harness import CALLER, EMULATE, drain, events, harness, route
 

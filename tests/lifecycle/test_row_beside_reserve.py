@@ -13,7 +13,7 @@ import pytest
 from ncap.domain.events import LedgerEvent
 from ncap.errors import BudgetExhausted, StoreUnavailable
 from ncap.stores import MemoryBudgetStore, MemoryLedgerStore
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
 from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
 from tests.lifecycle.harness import EMULATE, harness, route
 

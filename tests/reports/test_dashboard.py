@@ -70,7 +70,7 @@ def test_report_json_matches_the_page(dash: Dashboard) -> None:
 def test_the_gateway_gives_its_sqlite_ledger_the_report_index(tmp_path: Path) -> None:
     import sqlite3
 
-    from ncap.reports.indexes import EXCEPTION_INDEX
+    from ncap.stores.sqlite.report_indexes import EXCEPTION_INDEX
     from tests.support import gateway, gateway_config
 
     config = gateway_config("http://127.0.0.1:9/v1", tmp_path)  # never called

@@ -28,7 +28,8 @@ from ncap.config import parse_config
 from ncap.domain.events import LedgerEvent
 from ncap.http.app import create_app
 from ncap.stores import SQLiteLedgerStore
-from ncap.stores.admin import AdminChange, SQLiteAdminStore
+from ncap.stores.ports import AdminChange
+from ncap.stores.sqlite.admin import SQLiteAdminStore
 from ncap.testing.ledger_gen import LedgerSpec, generate_ledger, synthetic_config
 from tests.support import ServerThread
 

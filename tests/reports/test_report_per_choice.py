@@ -11,7 +11,7 @@ from pathlib import Path
 from ncap.config import Pricing, utcnow
 from ncap.domain.events import LedgerEvent
 from ncap.reports import Report, SQLiteSource, build_report, day_window, since_window
-from ncap.reports.indexes import PER_CHOICE_INDEX
+from ncap.stores.sqlite.report_indexes import PER_CHOICE_INDEX
 from ncap.testing import LedgerSpec, generate_ledger
 
 from .conftest import Backend

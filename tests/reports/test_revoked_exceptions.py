@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from ncap.cli.main import app
 from ncap.config import ExceptionGrant, parse_config
 from ncap.http.dashboard import _build
-from ncap.stores.admin import AdminChange, SQLiteAdminStore
+from ncap.stores.ports import AdminChange
+from ncap.stores.sqlite.admin import SQLiteAdminStore
 from ncap.testing.ledger_gen import LedgerSpec, generate_ledger, synthetic_config
 
 runner = CliRunner()

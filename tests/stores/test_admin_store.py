@@ -22,18 +22,12 @@ import pytest
 from ncap.config import ExceptionGrant, KeyEntry
 from ncap.domain.grants import GrantChanges
 from ncap.errors import ConfigError, StoreUnavailable
-from ncap.stores._postgres import postgres_target
-from ncap.stores.admin import (
-    AdminChange,
-    AdminStore,
-    AuditEntry,
-    BudgetAlertRow,
-    DuplicateGrant,
-    MemoryAdminStore,
-    PostgresAdminStore,
-    SQLiteAdminStore,
-    admin_store_for_ledger,
-)
+from ncap.stores.postgres.pool import postgres_target
+from ncap.stores.ports import AdminChange, AdminStore, AuditEntry, BudgetAlertRow, DuplicateGrant
+from ncap.stores.memory.admin import MemoryAdminStore
+from ncap.stores.postgres.admin import PostgresAdminStore
+from ncap.stores.sqlite.admin import SQLiteAdminStore
+from ncap.stores import admin_store_for_ledger
 from tests.services import pg_schema
 
 AT = datetime(2026, 12, 1, 9, 30, 15, 250_000, tzinfo=UTC)

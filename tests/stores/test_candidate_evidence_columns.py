@@ -12,12 +12,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-import ncap.stores.sqlite_ledger as lite
+import ncap.stores.sqlite.ledger as lite
 from ncap.domain.events import LedgerEvent
 from ncap.stores import LedgerStore, MemoryLedgerStore, PostgresLedgerStore, SQLiteLedgerStore
-from ncap.stores._postgres import migrate as pg_migrate
-from ncap.stores._postgres import postgres_target
-from ncap.stores._sqlite import migrate as sqlite_migrate
+from ncap.stores.postgres.pool import migrate as pg_migrate
+from ncap.stores.postgres.pool import postgres_target
+from ncap.stores.sqlite.connection import migrate as sqlite_migrate
 from tests.services import pg_schema
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

@@ -14,18 +14,20 @@ import asyncpg
 import pytest
 from typer.testing import CliRunner, Result
 
-import ncap.stores.postgres_ledger as pg
-import ncap.stores.sqlite_ledger as lite
+import ncap.stores.postgres.ledger as pg
+import ncap.stores.sqlite.ledger as lite
 from ncap.cli.main import app as cli
 from ncap.config import ExceptionGrant
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent
 from ncap.domain.grants import GrantChanges
 from ncap.stores import PostgresLedgerStore, SQLiteLedgerStore
 from ncap.stores._migrations import latest, migrations
-from ncap.stores._postgres import migrate as pg_migrate
-from ncap.stores._postgres import postgres_target
-from ncap.stores._sqlite import migrate as sqlite_migrate
-from ncap.stores.admin import AdminChange, PostgresAdminStore, SQLiteAdminStore
+from ncap.stores.postgres.pool import migrate as pg_migrate
+from ncap.stores.postgres.pool import postgres_target
+from ncap.stores.sqlite.connection import migrate as sqlite_migrate
+from ncap.stores.ports import AdminChange
+from ncap.stores.postgres.admin import PostgresAdminStore
+from ncap.stores.sqlite.admin import SQLiteAdminStore
 from ncap.stores.admin_schema import SQLITE_DDL
 from tests.services import pg_database, pg_schema
 from tests.stores.test_sqlite_ledger import FULL_EVENT, event
@@ -368,7 +370,7 @@ async def test_ncap_migrate_remakes_the_report_indexes_revision_7_drops(tmp_path
     """Revision 7 rebuilds the table, which drops the report's partial indexes with it;
     ``ncap migrate`` makes them again, so an audit run before the next gateway start-up
     reads them instead of scanning."""
-    from ncap.reports.indexes import EXCEPTION_INDEX, PER_CHOICE_INDEX, ensure_report_indexes
+    from ncap.stores.sqlite.report_indexes import EXCEPTION_INDEX, PER_CHOICE_INDEX, ensure_report_indexes
 
     path = tmp_path / "l.db"
     conn = sqlite3.connect(path, isolation_level=None)

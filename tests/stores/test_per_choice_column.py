@@ -11,8 +11,8 @@ import pytest
 
 from ncap.domain.events import LedgerEvent
 from ncap.stores import LedgerStore, MemoryLedgerStore, SQLiteLedgerStore
-from ncap.stores._sqlite import SQLiteWriter
-from ncap.stores.sqlite_ledger import MIGRATIONS
+from ncap.stores.sqlite.connection import SQLiteWriter
+from ncap.stores.sqlite.ledger import MIGRATIONS
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 

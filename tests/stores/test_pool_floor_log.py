@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from ncap.stores._postgres import _PoolFloorFilter
+from ncap.stores.postgres.pool import _PoolFloorFilter
 
 
 def _record(msg: str = "Failed to restore the pool connection floor") -> logging.LogRecord:

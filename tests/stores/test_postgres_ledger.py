@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-import ncap.stores.postgres_ledger as pg
+import ncap.stores.postgres.ledger as pg
 from ncap.errors import StoreUnavailable
 from ncap.stores import DuplicateAttempt, PostgresLedgerStore, ledger_from_url
 from tests.servers import free_port, tcp_proxy

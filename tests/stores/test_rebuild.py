@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import ncap.stores._sqlite as plumbing
+import ncap.stores.sqlite.connection as plumbing
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import LedgerEvent
 from ncap.stores import (

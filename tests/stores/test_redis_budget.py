@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-import ncap.stores.redis_budget as rb
+import ncap.stores.redis.budgets as rb
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.errors import StoreUnavailable
 from ncap.stores import MemoryLedgerStore, RedisBudgetStore

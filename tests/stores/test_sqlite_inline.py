@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import pytest
 
-import ncap.stores._sqlite as plumbing
-from ncap.stores._sqlite import SQLiteWriter
+import ncap.stores.sqlite.connection as plumbing
+from ncap.stores.sqlite.connection import SQLiteWriter
 
 SCHEMA = [(1, "CREATE TABLE t (i INTEGER PRIMARY KEY, v TEXT NOT NULL)")]
 

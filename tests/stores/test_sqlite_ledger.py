@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import ncap.stores._sqlite as sqlite_plumbing
+import ncap.stores.sqlite.connection as sqlite_plumbing
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.stores import DuplicateAttempt, LedgerStore, SQLiteLedgerStore
@@ -372,7 +372,7 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
 async def test_a_version_1_file_gains_the_denial_columns(tmp_path: Path) -> None:
     """A ledger written before migration 2 opens, keeps its rows (denial details null)
     and takes new rows with them."""
-    from ncap.stores.sqlite_ledger import MIGRATIONS
+    from ncap.stores.sqlite.ledger import MIGRATIONS
 
     path = tmp_path / "ledger.db"
     conn = sqlite_plumbing.connect(path)

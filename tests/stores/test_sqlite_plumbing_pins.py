@@ -1,5 +1,5 @@
 """Pins found by mutation testing (docs/mutation.md) for the SQLite plumbing
-(``ncap.stores._sqlite``): a failed migration leaves the file as it was and raises its
+(``ncap.stores.sqlite.connection``): a failed migration leaves the file as it was and raises its
 own error, a file that cannot be opened fails the constructor, each job's savepoint
 undoes only that job, and a closed writer says so and stops cleanly."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ncap.stores._sqlite import SQLiteWriter, connect, migrate, sqlite_version
+from ncap.stores.sqlite.connection import SQLiteWriter, connect, migrate, sqlite_version
 
 
 def test_a_failed_migration_is_undone_whole_and_raises_its_own_error(tmp_path: Path) -> None:

@@ -24,10 +24,11 @@ from ncap.stores import (
     hold_id_for,
 )
 from ncap.stores._common import decode_per_choice, spent_totals
-from ncap.stores._sqlite import sqlite_version
-from ncap.stores.base import DuplicateAttempt
-from ncap.stores.idempotency import MemoryIdempotency, idempotency_for
-from ncap.stores.sqlite_ledger import _ts
+from ncap.stores.sqlite.connection import sqlite_version
+from ncap.stores.ports import DuplicateAttempt
+from ncap.stores.memory.idempotency import MemoryIdempotency
+from ncap.stores import idempotency_for
+from ncap.stores.sqlite.ledger import _ts
 from tests.stores.conftest import Clock
 
 NOW = datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC)

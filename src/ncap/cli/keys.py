@@ -251,7 +251,7 @@ def _admin_changes(path: Path) -> GrantChanges:
     target = _ledger_url(path)
     if target is None:
         return GrantChanges()
-    from ncap.stores.admin import admin_store_for_ledger
+    from ncap.stores import admin_store_for_ledger
 
     async def read() -> GrantChanges:
         store = admin_store_for_ledger(*target)
@@ -279,7 +279,8 @@ def _revoke_admin_key(path: Path, wanted: str) -> None:
         raise ConfigError(f"{len(found)} admin-made keys match {wanted!r}; give a longer prefix")
     target = _ledger_url(path)
     assert target is not None  # keys were read from it
-    from ncap.stores.admin import AdminChange, admin_store_for_ledger
+    from ncap.stores.ports import AdminChange
+from ncap.stores import admin_store_for_ledger
 
     entry = found[0]
 

@@ -37,7 +37,7 @@ from ncap.domain.events import (
 from ncap.domain.money import micros_from_usd
 from ncap.errors import ConfigError
 from ncap.stores import budgets_from_url, hold_id_for, ledger_from_url
-from ncap.stores.sqlite_ledger import SQLiteLedgerStore, export_rows
+from ncap.stores.sqlite.ledger import SQLiteLedgerStore, export_rows
 
 __all__ = ["ledger_app", "parse_reconciliation", "reconcile_app"]
 

@@ -55,7 +55,7 @@ from ncap.errors import (
 )
 from ncap.http.dashboard import DASHBOARD, admin_refusal
 from ncap.http.limits import body_deadline, read_limited
-from ncap.stores.admin import Action, AdminChange, AdminStore, DuplicateGrant, Kind
+from ncap.stores.ports import Action, AdminChange, AdminStore, DuplicateGrant, Kind
 
 __all__ = [
     "ADMIN_ROUTES",

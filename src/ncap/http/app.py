@@ -63,7 +63,8 @@ from ncap.stores import (
     shared_between_processes,
     sqlite_target,
 )
-from ncap.stores.admin import AdminChange, AdminStore, admin_store_for_ledger
+from ncap.stores.ports import AdminChange, AdminStore
+from ncap.stores import admin_store_for_ledger
 
 __all__ = ["create_app"]
 

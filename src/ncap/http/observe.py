@@ -39,7 +39,7 @@ from ncap.providers.base import (
     StreamPiece,
     UpstreamResult,
 )
-from ncap.stores.base import BudgetStore, Hold, ImportResult, LedgerStore, hold_id_for
+from ncap.stores.ports import BudgetStore, Hold, ImportResult, LedgerStore, hold_id_for
 
 __all__ = [
     "MULTI_CANDIDATE_FIELDS",

@@ -28,7 +28,7 @@ from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
 from ncap.lifecycle.asked import Request, given
 from ncap.lifecycle.plan import Caller, Plan, RouteRuntime, Sampling
 from ncap.lifecycle.settle import Accounting
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
 
 __all__ = ["Admitter"]
 

@@ -28,7 +28,7 @@ from ncap.providers.base import (
     RequestKind,
     UpstreamResult,
 )
-from ncap.stores.base import Hold, hold_id_for
+from ncap.stores.ports import Hold, hold_id_for
 from ncap.streaming.sse import StreamPiece
 
 __all__ = ["Attempts", "StreamOpen", "for_route"]

@@ -29,7 +29,7 @@ from ncap.lifecycle.relay import error_event
 from ncap.lifecycle.reports import Tally, answered_report, stream_report, summed_usage
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, UpstreamResult
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
 from ncap.streaming.sse import DONE, StreamPiece, choice_chunks, encode_event
 
 __all__ = ["FanOut", "branch_body", "cache_breakpoint", "primed"]

@@ -35,7 +35,7 @@ from ncap.protocol.validate import (
     parse_completion_request,
 )
 from ncap.providers.base import UpstreamResult
-from ncap.stores.base import Hold, IdempotencyStore
+from ncap.stores.ports import Hold, IdempotencyStore
 
 __all__ = ["Gateway"]
 

@@ -45,7 +45,7 @@ from ncap.domain.events import LedgerEvent
 from ncap.errors import IdempotencyKeyMismatch, IdempotencyKeyReused, InvalidValue, NcapError
 from ncap.lifecycle.plan import Caller, Reply, RouteRuntime
 from ncap.lifecycle.settle import Accounting
-from ncap.stores.base import IdempotencyStore
+from ncap.stores.ports import IdempotencyStore
 
 __all__ = ["Idempotency", "IdempotentRequest"]
 

@@ -20,7 +20,7 @@ from ncap.domain.reservation import Reservation
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import Provider, RequestKind
 from ncap.providers.kinds import Capabilities, capabilities_of
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
 
 __all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime", "Sampling"]
 

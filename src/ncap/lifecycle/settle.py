@@ -48,7 +48,7 @@ from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.redact import bounded_id
-from ncap.stores.base import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
+from ncap.stores.ports import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
 
 __all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, time, timedelta
 
 from ncap.reports.build import STEPS, build_report, nearest_rank, population_stability_index
-from ncap.reports.indexes import ensure_report_indexes
 from ncap.reports.model import (
     Alert,
     ChoiceCost,
@@ -35,6 +34,7 @@ from ncap.reports.source import (
     SQLiteSource,
     source_from_url,
 )
+from ncap.stores.sqlite.report_indexes import ensure_report_indexes
 
 __all__ = [
     "STEPS",

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 from ncap.config import Pricing
 from ncap.errors import ConfigError
-from ncap.reports.indexes import PER_CHOICE_INDEX
 from ncap.reports.model import ChoiceCost, Window
 from ncap.reports.source import LedgerSource, SQLiteSource
+from ncap.stores.sqlite.report_indexes import PER_CHOICE_INDEX
 
 __all__ = ["choice_costs"]
 

@@ -1,62 +1,62 @@
-"""Ledger and budget stores, chosen by URL scheme (config ``stores:``, docs/configuration.md).
+"""The stores, opened from their URLs (config ``stores:``, docs/configuration.md).
 
-``memory://``            in-process: budgets rebuilt from the ledger at start-up (the
-                         embedded default); a ledger bounded to its newest rows
-                         (``?max_rows=N``), nothing persisted (tests, benchmarks)
-``sqlite:///rel/path``   a file relative to the working directory (parent created)
-``sqlite:////abs/path``  an absolute path; the ledger's ``synchronous`` level follows
-                         ``stores.ledger_durability`` (``?synchronous=`` overrides it)
-``postgresql://…``       ledger shared by every replica; ``?schema=name`` picks a schema;
-                         ``stores.ledger_durability`` sets ``synchronous_commit``
-                         (``normal``: off; ``full``: the server's), as does
-                         ``?synchronous_commit=`` (which overrides it)
-``redis://…``            budgets shared by every replica (``quota_scope=global``);
-                         ``?prefix=name`` namespaces the keys
+One folder per backend, each providing the ports it supports (``ports.py``) with its
+own schema and migrations: ``memory/`` (``memory://``), ``sqlite/`` (``sqlite:///…``),
+``postgres/`` (``postgresql://…``: the ledger) and ``redis/`` (``redis://…``: the
+budgets). ``BACKENDS`` maps a URL scheme to its backend; the openers below are the only
+code that reads a store URL's scheme, so that the rest of ncap receives opened stores.
+A new backend is one folder and one line in ``BACKENDS``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
-from ncap.config import LedgerDurability, utcnow
-from ncap.domain.events import LedgerEvent
+from ncap.config import LedgerDurability
 from ncap.errors import ConfigError
-from ncap.stores._common import is_held, spent_totals
-from ncap.stores._postgres import STORE_TIMEOUT_S, PostgresPool, postgres_target
-from ncap.stores._sqlite import Synchronous, sqlite_version
-from ncap.stores.base import (
+from ncap.stores import memory, postgres, redis, sqlite
+from ncap.stores._common import history_of
+from ncap.stores.memory.admin import MemoryAdminStore
+from ncap.stores.memory.budgets import MemoryBudgetStore
+from ncap.stores.memory.ledger import MemoryLedgerStore
+from ncap.stores.ports import (
+    STORE_TIMEOUT_S,
+    AdminStore,
+    Backend,
     BudgetHistory,
+    BudgetSide,
     BudgetStore,
     DuplicateAttempt,
     Hold,
     HoldState,
     IdempotencyStore,
+    Identity,
     ImportResult,
+    InstanceRegistry,
+    LedgerSide,
+    LedgerSource,
     LedgerStore,
-    SpentTotal,
+    RowExport,
+    StoreOptions,
     hold_id_for,
 )
-from ncap.stores.idempotency import idempotency_for
-from ncap.stores.instances import (
-    Identity,
-    InstanceRegistry,
-    MemoryInstanceRegistry,
-    PostgresInstanceRegistry,
-    SQLiteInstanceRegistry,
-)
-from ncap.stores.memory_budget import MemoryBudgetStore
-from ncap.stores.memory_ledger import DEFAULT_MAX_ROWS, MemoryLedgerStore
-from ncap.stores.peers import PeerWatch
-from ncap.stores.postgres_ledger import PostgresLedgerStore
-from ncap.stores.redis_budget import SCRIPT_VERSION, RedisBudgetStore
-from ncap.stores.sqlite_budget import SQLiteBudgetStore
-from ncap.stores.sqlite_ledger import SQLiteLedgerStore
+from ncap.stores.postgres.ledger import PostgresLedgerStore
+from ncap.stores.postgres.report_source import PostgresSource
+from ncap.stores.redis.budgets import RedisBudgetStore
+from ncap.stores.sqlite import sqlite_target
+from ncap.stores.sqlite.budgets import SQLiteBudgetStore
+from ncap.stores.sqlite.ledger import SQLiteLedgerStore
+from ncap.stores.sqlite.report_indexes import ensure_report_indexes
+from ncap.stores.sqlite.report_source import SQLiteSource
 
 __all__ = [
+    "BACKENDS",
+    "AdminStore",
+    "Backend",
     "BudgetHistory",
     "BudgetStore",
     "DuplicateAttempt",
@@ -66,44 +66,135 @@ __all__ = [
     "Identity",
     "ImportResult",
     "InstanceRegistry",
+    "LedgerSource",
     "LedgerStore",
     "MemoryBudgetStore",
     "MemoryLedgerStore",
-    "PeerWatch",
     "PostgresLedgerStore",
+    "PostgresSource",
     "RedisBudgetStore",
+    "RowExport",
     "SQLiteBudgetStore",
     "SQLiteLedgerStore",
+    "SQLiteSource",
+    "StoreOptions",
+    "Stores",
     "budgets_from_url",
+    "ensure_report_indexes",
+    "existing_admin",
     "history_of",
     "hold_id_for",
-    "idempotency_for",
-    "instances_for",
     "ledger_from_url",
     "migrate_stores",
+    "open_admin",
+    "open_report_source",
+    "open_stores",
     "shared_between_processes",
     "sqlite_target",
 ]
 
+log = logging.getLogger("ncap.http")  # start-up warnings, as the gateway's own
 
-_SYNCHRONOUS: dict[LedgerDurability, Synchronous] = {"normal": "NORMAL", "full": "FULL"}
+# URL scheme -> backend: the one table that chooses a backend
+BACKENDS: dict[str, Backend] = {
+    "memory": memory.BACKEND,
+    "sqlite": sqlite.BACKEND,
+    "postgresql": postgres.BACKEND,
+    "postgres": postgres.BACKEND,
+    "redis": redis.BACKEND,
+    "rediss": redis.BACKEND,
+}
+
+
+def _lookup(url: str) -> tuple[str, Backend | None]:
+    """The scheme of ``url`` and its backend: the one place a store URL's scheme is read."""
+    scheme = urlsplit(url).scheme.lower()
+    return scheme, BACKENDS.get(scheme)
+
+
+def _backend(url: str, store: str) -> Backend:
+    """The backend of ``url``, which must provide ``store`` (``ledger``, ``budgets``)."""
+    scheme, backend = _lookup(url)
+    if backend is None:
+        raise ConfigError(f"stores.{store}: unsupported store URL {url!r}")
+    if getattr(backend, store) is None:
+        raise ConfigError(f"stores.{store}: {scheme}:// is not a {store} store")
+    return backend
+
+
+def _open_ledger(url: str, options: StoreOptions) -> LedgerSide:
+    opener = _backend(url, "ledger").ledger
+    assert opener is not None  # checked by _backend
+    return opener(url, options)
+
+
+def _open_budgets(url: str, options: StoreOptions, history: BudgetHistory | None) -> BudgetSide:
+    opener = _backend(url, "budgets").budgets
+    assert opener is not None  # checked by _backend
+    return opener(url, options, history)
+
+
+@dataclass(slots=True)
+class Stores:
+    """The opened stores of one gateway: every port, and what the backends need done
+    around them (made by ``open_stores``; the gateway closes them at shutdown)."""
+
+    ledger: LedgerStore
+    budgets: BudgetStore
+    admin: AdminStore
+    instances: InstanceRegistry
+    idempotency: IdempotencyStore
+    shared: bool  # other processes may write the ledger (admin tables re-read)
+    backends: dict[str, str]  # "ledger"/"budgets" -> backend name (``/readyz``)
+    _ledger_url: str = field(repr=False)
+    _prepare: BudgetSide = field(repr=False)
+
+    async def prepare(self, workloads: Iterable[str]) -> None:
+        """Before serving: budgets that keep counters apart from the ledger (Redis) warn
+        about settings that lose them and make them whole."""
+        if self._prepare.prepare is not None:
+            await self._prepare.prepare(workloads, _warn)
+
+    def report_source(self) -> LedgerSource:
+        """A new read-only source on the ledger, for one report."""
+        return open_report_source(self._ledger_url)
+
+    async def index_for_reports(self) -> None:
+        """The report's optional indexes on a ledger that has them (idempotent)."""
+        indexes = _backend(self._ledger_url, "ledger").report_indexes
+        if indexes is not None:
+            await indexes(self._ledger_url)
+
+    async def close(self) -> None:
+        await self.ledger.close()
+        await self.budgets.close()
+        await self.admin.close()
+
+
+def open_stores(ledger_url: str, budgets_url: str, options: StoreOptions) -> Stores:
+    """Open the ledger, then the budgets that rebuild from it (at start-up when
+    in-process, whenever Redis lost them), and every port beside them."""
+    ledger_side = _open_ledger(ledger_url, options)
+    budget_side = _open_budgets(budgets_url, options, ledger_side.history)
+    ledger_backend = _backend(ledger_url, "ledger")
+    return Stores(
+        ledger=ledger_side.ledger,
+        budgets=budget_side.budgets,
+        admin=open_admin(ledger_url),
+        instances=ledger_side.instances,
+        idempotency=budget_side.idempotency,
+        shared=ledger_backend.shared,
+        backends={"ledger": ledger_backend.name, "budgets": _backend(budgets_url, "budgets").name},
+        _ledger_url=ledger_url,
+        _prepare=budget_side,
+    )
 
 
 def ledger_from_url(
     url: str, *, durability: LedgerDurability = "normal", timeout_s: float = STORE_TIMEOUT_S
 ) -> LedgerStore:
-    """The ledger store ``url`` names; ``ConfigError`` for anything unusable."""
-    scheme = _scheme(url, "ledger")
-    if scheme == "memory":
-        return MemoryLedgerStore(max_rows=_max_rows(url))
-    if scheme == "sqlite":
-        path, synchronous = sqlite_target(url, default=_SYNCHRONOUS[durability])
-        return SQLiteLedgerStore(path, synchronous=synchronous)
-    if scheme in ("postgresql", "postgres"):
-        return PostgresLedgerStore(
-            _checked(url, "ledger"), durability=durability, timeout_s=timeout_s
-        )
-    raise _unsupported(url, "ledger")
+    """The ledger store ``url`` names alone (tools); ``ConfigError`` for anything unusable."""
+    return _open_ledger(url, StoreOptions(durability=durability, timeout_s=timeout_s)).ledger
 
 
 def budgets_from_url(
@@ -114,32 +205,48 @@ def budgets_from_url(
     history: BudgetHistory | None = None,
     timeout_s: float = STORE_TIMEOUT_S,
 ) -> BudgetStore:
-    """The budget store ``url`` names; holds are tagged with ``gateway_instance``.
-    In-process budgets given a ``history`` (the ledger) rebuild from it at start-up,
-    Redis ones whenever Redis lost their counters; Redis keeps the server's time
-    unless a ``clock`` is given (tests)."""
-    scheme = _scheme(url, "budgets")
-    if scheme == "memory":
-        return MemoryBudgetStore(
-            gateway_instance=gateway_instance, clock=clock or utcnow, history=history
+    """The budget store ``url`` names alone (tools); holds are tagged with
+    ``gateway_instance``. Budgets given a ``history`` (the ledger) rebuild from it."""
+    options = StoreOptions(gateway_instance=gateway_instance, clock=clock, timeout_s=timeout_s)
+    return _open_budgets(url, options, history).budgets
+
+
+def open_admin(ledger_url: str) -> AdminStore:
+    """The admin store beside the ledger ``ledger_url`` names (its file, its database
+    and schema, or memory)."""
+    store = _admin(ledger_url, create=True)
+    assert store is not None  # created when asked to
+    return store
+
+
+def existing_admin(ledger_url: str) -> AdminStore | None:
+    """The admin tables a tool can read beside the ledger, None when there are none
+    (a ``memory://`` ledger, a SQLite file not made yet)."""
+    return _admin(ledger_url, create=False)
+
+
+def _admin(ledger_url: str, *, create: bool) -> AdminStore | None:
+    opener = _backend(ledger_url, "ledger").admin
+    if opener is None:
+        logging.getLogger("ncap.admin").warning(
+            "admin changes are kept in memory only: no admin tables for this ledger"
         )
-    if scheme == "sqlite":
-        path, synchronous = sqlite_target(url)
-        return SQLiteBudgetStore(
-            path, gateway_instance=gateway_instance, clock=clock or utcnow, synchronous=synchronous
-        )
-    if scheme in ("redis", "rediss"):
-        # the counters are a cache of the ledger: rebuilt from it when Redis lost them
-        return RedisBudgetStore(
-            url,
-            gateway_instance=gateway_instance,
-            clock=clock,
-            history=history,
-            connect_timeout_s=timeout_s,
-            timeout_s=timeout_s,
-            pool_timeout_s=timeout_s,
-        )
-    raise _unsupported(url, "budgets")
+        return MemoryAdminStore() if create else None
+    return opener(ledger_url, create)
+
+
+def open_report_source(ledger_url: str) -> LedgerSource:
+    """A read-only source on the ledger ``ledger_url`` names, for the reports."""
+    opener = _backend(ledger_url, "ledger").report_source
+    if opener is None:
+        raise ConfigError("stores.ledger: this ledger cannot be read by the reports")
+    return opener(ledger_url)
+
+
+def shared_between_processes(url: str) -> bool:
+    """Whether several processes can share the store ``url`` names (not ``memory://``)."""
+    backend = _lookup(url)[1]
+    return backend is not None and backend.shared
 
 
 async def migrate_stores(ledger_url: str, budgets_url: str) -> dict[str, dict[str, object]]:
@@ -151,108 +258,11 @@ async def migrate_stores(ledger_url: str, budgets_url: str) -> dict[str, dict[st
 
 
 async def _migrate(url: str, store: str) -> dict[str, object]:
-    scheme = _scheme(url, store)
-    if scheme in ("postgresql", "postgres"):
-        pool = PostgresPool(_checked(url, store), store=store)
-        try:
-            await pool.get()
-            return {"backend": "postgresql", "version": pool.version}
-        finally:
-            await pool.close()
-    if scheme == "sqlite":
-        opened = ledger_from_url(url) if store == "ledger" else budgets_from_url(url)
-        await opened.close()
-        path = sqlite_target(url)[0]
-        if store == "ledger":
-            # a revision that rebuilds the table (7) drops the report's partial indexes
-            # with it; made here too, so `ncap audit` run before the next start-up of a
-            # gateway reads them instead of scanning
-            from ncap.reports.indexes import ensure_report_indexes
-
-            await asyncio.to_thread(ensure_report_indexes, path)
-        return {"backend": "sqlite", "version": sqlite_version(path)}
-    if scheme in ("redis", "rediss"):
-        return {"backend": "redis", "version": SCRIPT_VERSION}
-    return {"backend": scheme, "version": None}
+    migrate = _backend(url, store).migrate
+    if migrate is None:
+        return {"backend": _backend(url, store).name, "version": None}
+    return await migrate(url, store)
 
 
-def instances_for(ledger: LedgerStore) -> InstanceRegistry:
-    """The heartbeat registry lives beside the ledger, the store every gateway shares."""
-    if isinstance(ledger, PostgresLedgerStore):
-        return PostgresInstanceRegistry(ledger.pool)
-    if isinstance(ledger, SQLiteLedgerStore):
-        return SQLiteInstanceRegistry(ledger.path)
-    return MemoryInstanceRegistry()
-
-
-def shared_between_processes(url: str) -> bool:
-    """Whether several processes can share the store ``url`` names (not ``memory://``)."""
-    return urlsplit(url).scheme.lower() != "memory"
-
-
-def history_of(ledger: LedgerStore) -> BudgetHistory:
-    """What in-process budgets rebuild from: the ledger's own query when it has one,
-    else a full export filtered here (correct, slower on a large ledger)."""
-    if isinstance(ledger, BudgetHistory):
-        return ledger
-    return _ExportHistory(ledger)
-
-
-class _ExportHistory:
-    def __init__(self, ledger: LedgerStore) -> None:
-        self._ledger = ledger
-
-    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
-        async for event in self._ledger.export():
-            if is_held(event):
-                yield event
-
-    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
-        for total in spent_totals([e async for e in self._ledger.export()], since):
-            yield total
-
-
-def _max_rows(url: str) -> int:
-    raw = parse_qs(urlsplit(url).query).get("max_rows", [str(DEFAULT_MAX_ROWS)])[-1]
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{url!r}: max_rows must be a positive integer")
-    return int(raw)
-
-
-def sqlite_target(url: str, *, default: Synchronous = "FULL") -> tuple[Path, Synchronous]:
-    """``sqlite:///rel`` / ``sqlite:////abs`` -> (path, synchronous); creates the parent."""
-    parts = urlsplit(url)
-    if parts.netloc or not parts.path.startswith("/") or parts.path in ("/", "/:memory:"):
-        raise ConfigError(
-            f"{url!r}: use sqlite:///relative/path or sqlite:////absolute/path "
-            "(memory:// for a store that is not persisted)"
-        )
-    path = Path(parts.path[1:])
-    sync = parse_qs(parts.query).get("synchronous", [default])[-1].upper()
-    if sync not in ("FULL", "NORMAL"):
-        raise ConfigError(f"{url!r}: synchronous must be full or normal")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{url!r}: cannot create {path.parent}: {exc.strerror}") from exc
-    return path, "FULL" if sync == "FULL" else "NORMAL"
-
-
-def _scheme(url: str, store: str) -> str:
-    scheme = urlsplit(url).scheme.lower()
-    wrong = {"ledger": ("redis", "rediss"), "budgets": ("postgresql", "postgres")}[store]
-    if scheme in wrong:
-        raise ConfigError(f"stores.{store}: {scheme}:// is not a {store} store")
-    return scheme
-
-
-def _checked(url: str, store: str) -> str:
-    try:
-        postgres_target(url)
-    except ValueError as exc:
-        raise ConfigError(f"stores.{store}: {exc}") from exc
-    return url
-
-
-def _unsupported(url: str, store: str) -> ConfigError:
-    return ConfigError(f"stores.{store}: unsupported store URL {url!r}")
+def _warn(message: str) -> None:
+    log.warning("%s (docs/operations.md, Redis)", message)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import uuid4
@@ -16,7 +16,7 @@ from ncap.domain.events import (
     ReconciliationRow,
     reconcile,
 )
-from ncap.stores.base import Hold, ImportResult, SpentTotal
+from ncap.stores.ports import BudgetHistory, Hold, ImportResult, LedgerStore, SpentTotal
 
 # (subject, window, bucket, amount): one counter a hold adds to
 Entry = tuple[str, str, str, int]
@@ -250,3 +250,30 @@ def _target(events: list[LedgerEvent]) -> LedgerEvent | None:
         if len(hits) > 1:
             return None
     return events[0] if events else None  # settled or denied only: not pending
+
+
+def text_bucket(hourly: bool) -> str:
+    """The report's hour or day of a fixed-width UTC text stamp, as SQL."""
+    return f"substr(timestamp, 1, {13 if hourly else 10})"
+
+
+def history_of(ledger: LedgerStore) -> BudgetHistory:
+    """What in-process budgets rebuild from: the ledger's own query when it has one,
+    else a full export filtered here (correct, slower on a large ledger)."""
+    if isinstance(ledger, BudgetHistory):
+        return ledger
+    return _ExportHistory(ledger)
+
+
+class _ExportHistory:
+    def __init__(self, ledger: LedgerStore) -> None:
+        self._ledger = ledger
+
+    async def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        async for event in self._ledger.export():
+            if is_held(event):
+                yield event
+
+    async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        for total in spent_totals([e async for e in self._ledger.export()], since):
+            yield total

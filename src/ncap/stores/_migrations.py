@@ -1,4 +1,4 @@
-"""Versioned SQL migration files, one directory per dialect (``migrations/<dialect>/``).
+"""Versioned SQL migration files, in each backend's folder (``<backend>/migrations/``).
 
 ``NNNN_name.sql`` is revision NNNN. Each database records the revisions it has in a
 ``schema_version`` table; opening a store applies the newer ones (SQLite inside
@@ -16,13 +16,14 @@ from importlib.resources import files
 __all__ = ["Migration", "latest", "migrations"]
 
 Migration = tuple[int, str]
+_PACKAGES = {"sqlite": "ncap.stores.sqlite", "postgresql": "ncap.stores.postgres"}
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
 @cache
 def migrations(dialect: str) -> tuple[Migration, ...]:
     """Every revision of ``dialect`` in order."""
-    folder = files("ncap.stores").joinpath("migrations", dialect)
+    folder = files(_PACKAGES[dialect]).joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         match = _NAME.match(entry.name)

@@ -51,8 +51,8 @@ from ncap.stores._common import (
     decode_per_choice,
     encode_per_choice,
 )
-from ncap.stores._postgres import STORE_TIMEOUT_S, PostgresPool, mapped
-from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.ports import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.postgres.pool import STORE_TIMEOUT_S, PostgresPool, mapped
 
 __all__ = ["PostgresLedgerStore"]
 

@@ -28,12 +28,11 @@ from datetime import datetime, timedelta
 
 from ncap.config import utcnow
 from ncap.errors import ConfigError, StoreUnavailable
-from ncap.stores.base import BudgetStore, LedgerStore
-from ncap.stores.instances import Identity, InstanceInfo, InstanceRegistry
+from ncap.stores.ports import BudgetStore, Identity, InstanceInfo, InstanceRegistry, LedgerStore
 
 __all__ = ["PeerWatch", "Recovered"]
 
-log = logging.getLogger("ncap.stores.peers")
+log = logging.getLogger("ncap.lifecycle.peers")
 
 
 @dataclass(frozen=True, slots=True)

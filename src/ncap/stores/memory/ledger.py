@@ -28,7 +28,7 @@ from ncap.stores._common import (
     is_lost,
     spent_totals,
 )
-from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.ports import DuplicateAttempt, ImportResult, SpentTotal
 
 __all__ = ["DEFAULT_MAX_ROWS", "MemoryLedgerStore"]
 

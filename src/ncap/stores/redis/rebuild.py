@@ -27,7 +27,7 @@ from typing import Any
 
 from ncap.domain.budget import Buckets
 from ncap.domain.events import LedgerEvent
-from ncap.stores.base import BudgetHistory, hold_id_for
+from ncap.stores.ports import BudgetHistory, hold_id_for
 
 __all__ = ["Restore", "indices", "restore_payloads"]
 

@@ -36,8 +36,8 @@ from ncap.stores._common import (
     settle_entries,
     usage_keys,
 )
-from ncap.stores._sqlite import Migration, SQLiteWriter, Synchronous
-from ncap.stores.base import Hold
+from ncap.stores.ports import Hold
+from ncap.stores.sqlite.connection import Migration, SQLiteWriter, Synchronous
 
 __all__ = ["SQLiteBudgetStore"]
 

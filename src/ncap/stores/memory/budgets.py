@@ -46,7 +46,7 @@ from ncap.stores._common import (
     settle_entries,
     usage_keys,
 )
-from ncap.stores.base import BudgetHistory, Hold, hold_id_for
+from ncap.stores.ports import BudgetHistory, Hold, hold_id_for
 
 __all__ = ["MemoryBudgetStore"]
 

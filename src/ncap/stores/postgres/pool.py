@@ -43,10 +43,10 @@ import asyncpg
 
 from ncap.errors import StoreUnavailable
 from ncap.stores._migrations import Migration, migrations
+from ncap.stores.ports import STORE_TIMEOUT_S
 
 __all__ = ["STORE_TIMEOUT_S", "PostgresPool", "mapped", "migrate", "postgres_target"]
 
-STORE_TIMEOUT_S = 2.0  # the default bound of one store call (connect, checkout, statement)
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # the writer's connections (module docstring): generic plans, primary-key lookups only

@@ -33,9 +33,14 @@ from ncap.stores._common import (
     encode_per_choice,
 )
 from ncap.stores._migrations import migrations
-from ncap.stores._sqlite import Migration, SQLiteReader, SQLiteWriter, Synchronous, connect
-from ncap.stores.admin_schema import SQLITE_DDL
-from ncap.stores.base import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.ports import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.sqlite.connection import (
+    Migration,
+    SQLiteReader,
+    SQLiteWriter,
+    Synchronous,
+    connect,
+)
 
 __all__ = ["SQLiteLedgerStore", "export_rows"]
 
@@ -43,58 +48,9 @@ EXPORT_PAGE = 1000
 EXPORT_MMAP = 1 << 30
 _json = msgspec.json.Encoder(order="sorted").encode
 
-MIGRATIONS: tuple[Migration, ...] = (
-    (
-        1,
-        """
-        CREATE TABLE ledger_events (
-            timestamp TEXT NOT NULL,
-            request_id TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            workload_id TEXT NOT NULL,
-            environment TEXT NOT NULL,
-            route_id TEXT,
-            model_alias TEXT,
-            upstream_model TEXT,
-            provider_request_id TEXT,
-            requested_candidate_count INTEGER,
-            effective_candidate_count INTEGER NOT NULL,
-            returned_candidate_count INTEGER,
-            exception_id TEXT,
-            input_tokens INTEGER,
-            cached_input_tokens INTEGER,
-            output_tokens_total INTEGER,
-            reasoning_tokens INTEGER,
-            total_tokens INTEGER,
-            reserved_input_tokens INTEGER NOT NULL,
-            reserved_output_tokens INTEGER NOT NULL,
-            reserved_cost_micros INTEGER NOT NULL,
-            cost_micros INTEGER,
-            finish_reasons TEXT NOT NULL,
-            stream_mode INTEGER NOT NULL,
-            usage_source TEXT NOT NULL CHECK (usage_source IN
-                ('provider_response', 'provider_stream', 'reconciliation_import', 'none')),
-            quota_scope TEXT NOT NULL,
-            policy_result TEXT NOT NULL CHECK (policy_result IN ('allow', 'deny')),
-            policy_reason TEXT NOT NULL,
-            state TEXT NOT NULL CHECK (state IN ('reserved', 'settled', 'pending',
-                'usage_reconciliation_required', 'reconciled', 'denied')),
-            reconciliation_reason TEXT,
-            gateway_instance TEXT NOT NULL,
-            latency_ms REAL,
-            PRIMARY KEY (request_id, attempt)
-        );
-        CREATE INDEX ledger_events_timestamp ON ledger_events (timestamp);
-        CREATE INDEX ledger_events_state ON ledger_events (state);
-        CREATE INDEX ledger_events_provider_request_id ON ledger_events (provider_request_id)
-        """,
-    ),
-    *(m for m in migrations("sqlite") if 1 < m[0] < 6),  # 0002_instances.sql to 0005
-    # the admin tables (PostgreSQL 0006_admin.sql): IF NOT EXISTS, as a file at revision
-    # 5 may have them already (``SQLiteAdminStore`` created them before revision 6)
-    (6, SQLITE_DDL),
-    *(m for m in migrations("sqlite") if m[0] > 6),  # 0007_checks.sql and later
-)
+# the whole schema of the ledger's file (ledger, instances, admin tables): one file per
+# revision in sqlite/migrations/
+MIGRATIONS: tuple[Migration, ...] = migrations("sqlite")
 
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
 _INSERT = (

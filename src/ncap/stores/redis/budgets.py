@@ -54,8 +54,8 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
 from ncap.errors import StoreUnavailable
 from ncap.stores._common import hold_ref
-from ncap.stores.base import BudgetHistory, Hold
-from ncap.stores.redis_rebuild import restore_payloads
+from ncap.stores.ports import BudgetHistory, Hold
+from ncap.stores.redis.rebuild import restore_payloads
 
 _pack_command: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis]: the C packer (redis.asyncio itself packs in Python)
