@@ -151,15 +151,15 @@ class Stores(_Model):
     @field_validator("ledger")
     @classmethod
     def _ledger_scheme(cls, v: str) -> str:
-        if not v.startswith(("sqlite://", "postgresql://", "postgres://", "memory://")):
-            raise ValueError("ledger store must be sqlite:///PATH or postgresql://…")
+        if "://" not in v:  # which backend it names is the stores' to check, on opening
+            raise ValueError("ledger store must be a store URL (docs/configuration.md)")
         return v
 
     @field_validator("budgets")
     @classmethod
     def _budget_scheme(cls, v: str) -> str:
-        if not v.startswith(("sqlite://", "redis://", "rediss://", "memory://")):
-            raise ValueError("budget store must be memory://, sqlite:///PATH or redis://…")
+        if "://" not in v:  # which backend it names is the stores' to check, on opening
+            raise ValueError("budget store must be a store URL (docs/configuration.md)")
         return v
 
 

@@ -19,7 +19,7 @@ import secrets
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -30,6 +30,9 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ncap.config import Config, parse_config
 from ncap.domain.grants import GrantChanges, key_id
 from ncap.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ncap.stores.ports import AdminStore
 
 __all__ = ["keys_app"]
 
@@ -227,34 +230,35 @@ def revoke(
     )
 
 
-def _ledger_url(path: Path) -> tuple[str, Path | None] | None:
-    """The config's ledger URL and SQLite file, when it has admin tables to read."""
+def _ledger_url(path: Path) -> str | None:
+    """The config's ledger URL, when the config can be read."""
     if not path.exists():
         return None
     try:
-        url = parse_config(path.read_text(), source=str(path)).stores.ledger
+        return parse_config(path.read_text(), source=str(path)).stores.ledger
     except ConfigError:
         return None  # `keys list` of a file being repaired still lists its keys
-    if url.startswith("sqlite://"):
-        from ncap.stores import sqlite_target
 
-        file = sqlite_target(url)[0]
-        return (url, file) if file.exists() else None
-    if url.startswith(("postgresql://", "postgres://")):
-        return url, None
-    return None  # memory://: the admin API's changes live in the gateway only
+
+def _existing_admin(path: Path) -> AdminStore | None:
+    """The admin tables beside the config's ledger, when it has them (a ``memory://``
+    ledger keeps the admin API's changes in the gateway only)."""
+    url = _ledger_url(path)
+    from ncap.stores import existing_admin
+
+    return existing_admin(url) if url is not None else None
 
 
 def _admin_changes(path: Path) -> GrantChanges:
     """What the admin API created and revoked, from the config's ledger (nothing when
     the ledger has no admin tables or cannot be reached: said on stderr)."""
-    target = _ledger_url(path)
-    if target is None:
+    if _ledger_url(path) is None:
         return GrantChanges()
-    from ncap.stores import admin_store_for_ledger
 
     async def read() -> GrantChanges:
-        store = admin_store_for_ledger(*target)
+        store = _existing_admin(path)
+        if store is None:
+            return GrantChanges()
         try:
             return await store.changes()
         finally:
@@ -277,15 +281,13 @@ def _revoke_admin_key(path: Path, wanted: str) -> None:
         )
     if len(found) > 1:
         raise ConfigError(f"{len(found)} admin-made keys match {wanted!r}; give a longer prefix")
-    target = _ledger_url(path)
-    assert target is not None  # keys were read from it
     from ncap.stores.ports import AdminChange
-from ncap.stores import admin_store_for_ledger
 
     entry = found[0]
 
     async def record() -> None:
-        store = admin_store_for_ledger(*target)
+        store = _existing_admin(path)
+        assert store is not None  # keys were read from it
         try:
             change = AdminChange("ncap keys revoke", "revoke", "key", key_id(entry))
             await store.record(change, datetime.now(UTC))

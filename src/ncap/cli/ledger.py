@@ -36,8 +36,7 @@ from ncap.domain.events import (
 )
 from ncap.domain.money import micros_from_usd
 from ncap.errors import ConfigError
-from ncap.stores import budgets_from_url, hold_id_for, ledger_from_url
-from ncap.stores.sqlite.ledger import SQLiteLedgerStore, export_rows
+from ncap.stores import RowExport, budgets_from_url, hold_id_for, ledger_from_url
 
 __all__ = ["ledger_app", "parse_reconciliation", "reconcile_app"]
 
@@ -128,15 +127,15 @@ async def _export(
     *,
     by_event: bool = False,
 ) -> None:
-    """A SQLite ledger streams its raw rows (``stream_rows``); any other ledger, or
+    """A ledger that can streams its raw rows (``RowExport``: SQLite) does; any other, or
     ``--by-event`` (the benchmark's comparison), goes event by event."""
     ledger = ledger_from_url(cfg.stores.ledger)  # opening it migrates an older file
-    if isinstance(ledger, SQLiteLedgerStore) and not by_event:
+    if isinstance(ledger, RowExport) and not by_event:
         await ledger.close()
         if fmt == "csv":
-            write_csv(export_rows(ledger.path, since, until, select=CSV_SELECT), out)
+            write_csv(ledger.export_rows(since, until, select=CSV_SELECT), out)
         else:
-            write_jsonl(export_rows(ledger.path, since, until), out)
+            write_jsonl(ledger.export_rows(since, until), out)
         return
     try:
         writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS)) if fmt == "csv" else None

@@ -41,8 +41,7 @@ from ncap.domain.grants import Grants
 from ncap.domain.money import format_usd
 from ncap.lifecycle import Attempt, Plan
 from ncap.metrics import Metrics
-from ncap.stores.ports import AdminStore, BudgetAlertRow
-from ncap.stores.ports import BudgetStore
+from ncap.stores.ports import AdminStore, BudgetAlertRow, BudgetStore
 
 __all__ = ["BudgetAlerter", "alert_text"]
 

@@ -46,25 +46,13 @@ from ncap.http.openapi import add_openapi_route
 from ncap.http.signals import RequestSignals
 from ncap.http.telemetry import telemetry_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
+from ncap.lifecycle.peers import PeerWatch
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers import capabilities_of, provider_for
 from ncap.providers.base import Provider, RequestKind
-from ncap.stores import (
-    BudgetStore,
-    Identity,
-    PeerWatch,
-    RedisBudgetStore,
-    budgets_from_url,
-    history_of,
-    idempotency_for,
-    instances_for,
-    ledger_from_url,
-    shared_between_processes,
-    sqlite_target,
-)
+from ncap.stores import Identity, StoreOptions, Stores, open_stores
 from ncap.stores.ports import AdminChange, AdminStore
-from ncap.stores import admin_store_for_ledger
 
 __all__ = ["create_app"]
 
@@ -77,6 +65,7 @@ CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
+STORES = web.AppKey("stores", Stores)
 GAUGES = web.AppKey("gauges", StoreGauges)
 STORE_SWEEP_S = 10.0  # how often the store gauges are re-read without a scrape
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -484,17 +473,21 @@ async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) 
     metrics.watch_engine_queue(depth)
 
 
-def _admin_store(config: Config) -> AdminStore:
-    url = config.stores.ledger
-    path = sqlite_target(url)[0] if url.startswith("sqlite://") else None
-    return admin_store_for_ledger(url, path)
-
-
-def _grants_sync(config: Config, store: AdminStore, grants: Grants) -> GrantsSync:
+def _grants_sync(config: Config, stores: Stores, grants: Grants) -> GrantsSync:
     """Other gateways on a shared ledger change its admin tables too: re-read them every
-    ``stores.admin_refresh_s``; a ``memory://`` ledger has no other writer."""
-    shared = shared_between_processes(config.stores.ledger)
-    return GrantsSync(store, grants, config.stores.admin_refresh_s if shared else None)
+    ``stores.admin_refresh_s``; a ledger no other process writes has no other writer."""
+    refresh = config.stores.admin_refresh_s if stores.shared else None
+    return GrantsSync(stores.admin, grants, refresh)
+
+
+def _open_stores(config: Config, instance: str) -> Stores:
+    """The stores the config names; budgets rebuild from the ledger (at start-up when
+    in-process, whenever Redis lost them)."""
+    stores = config.stores
+    options = StoreOptions(
+        gateway_instance=instance, durability=stores.ledger_durability, timeout_s=stores.timeout_s
+    )
+    return open_stores(stores.ledger, stores.budgets, options)
 
 
 def _request_signals(config: Config, tracer_provider: Any, meter_provider: Any) -> RequestSignals:
@@ -531,7 +524,7 @@ def _sessions(store: AdminStore, sync: GrantsSync, grants: Grants) -> Sessions:
     return Sessions(grants, end)
 
 
-def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> None:
+def _add_routes(app: web.Application, config: Config, stores: Stores, sessions: Sessions) -> None:
     """Every API endpoint (README.md, docs/operations.md), the dashboard, the admin API and
     the OpenAPI document."""
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -540,7 +533,7 @@ def _add_routes(app: web.Application, config: Config, sessions: Sessions) -> Non
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    add_dashboard_routes(app, config, sessions)
+    add_dashboard_routes(app, config, stores, sessions)
     add_admin_routes(app, config)
     add_openapi_route(app, _operations_guard)
 
@@ -551,8 +544,10 @@ def create_app(
     instance_id: str | None = None,
     tracer_provider: Any = None,
     meter_provider: Any = None,
+    stores: Stores | None = None,
 ) -> web.Application:
-    """Wire every concrete part once; the app owns them and closes them on cleanup."""
+    """Wire every concrete part once; the app owns them and closes them on cleanup.
+    ``stores``: opened stores to use (by default, those ``config.stores`` names)."""
     app = web.Application(
         middlewares=[errors_middleware],
         client_max_size=config.limits.max_body_bytes + 1024,
@@ -560,22 +555,12 @@ def create_app(
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
     metrics_ = Metrics()
-    stores = config.stores
-    raw_ledger = ledger_from_url(
-        stores.ledger, durability=stores.ledger_durability, timeout_s=stores.timeout_s
-    )
-    ledger = ObservedLedger(raw_ledger, metrics_)
-    # budgets are a cache of the ledger, rebuilt from it at start-up (in-process) or
-    # whenever Redis lost them
-    budgets = budgets_from_url(
-        stores.budgets,
-        gateway_instance=instance,
-        history=history_of(raw_ledger),
-        timeout_s=stores.timeout_s,
-    )
+    stores = app[STORES] = stores or _open_stores(config, instance)
+    ledger = ObservedLedger(stores.ledger, metrics_)
+    budgets = stores.budgets
     grants = app[GRANTS] = Grants.from_config(config)
-    admin_store = app[ADMIN_STORE] = _admin_store(config)
-    app[GRANTS_SYNC] = _grants_sync(config, admin_store, grants)
+    admin_store = app[ADMIN_STORE] = stores.admin
+    app[GRANTS_SYNC] = _grants_sync(config, stores, grants)
     alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider, meter_provider)
     accounting = Accounting(
@@ -592,7 +577,7 @@ def create_app(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s, grants=grants
     )
     peers = PeerWatch(
-        instances_for(raw_ledger),
+        stores.instances,
         ledger,
         budgets,
         Identity.current(instance),
@@ -606,26 +591,16 @@ def create_app(
     app[PEERS] = peers
     app[METRICS] = metrics_
     app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
-    app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
+    app[GATEWAY] = Gateway(config, routes, accounting, idempotency=stores.idempotency)
     app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     operations_key = operations_key_from_env(config)
     if operations_key is not None:
         app[OPERATIONS_KEY] = operations_key
-    _add_routes(app, config, _sessions(admin_store, app[GRANTS_SYNC], grants))
+    _add_routes(app, config, stores, _sessions(admin_store, app[GRANTS_SYNC], grants))
 
     app.cleanup_ctx.append(_lifecycle)
     return app
-
-
-async def _whole_counters(budgets: BudgetStore, config: Config) -> None:
-    """Shared Redis counters: warn about settings that lose them, and rebuild them
-    from the ledger before serving when they were lost (or wait for a peer that is)."""
-    if not isinstance(budgets, RedisBudgetStore):
-        return
-    for warning in await budgets.server_warnings():
-        log.warning("%s (docs/operations.md, Redis)", warning)
-    await budgets.ensure_counters(config.workloads)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -635,7 +610,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # recovery that knows its peers (docs/decisions/peer-recovery-heartbeats.md): only dead
     # instances' rows are lost
     await peers.start()
-    await _whole_counters(accounting.budgets, app[CONFIG])
+    # shared counters made whole from the ledger before serving (Redis)
+    await app[STORES].prepare(app[CONFIG].workloads)
     # in-process budgets rebuild from the ledger here even when no peer was lost
     # (once; a no-op for shared stores: this new instance holds nothing yet)
     await accounting.budgets.recover_lost(accounting.instance)

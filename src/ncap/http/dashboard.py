@@ -42,7 +42,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 from aiohttp import web
 from jinja2 import Environment, select_autoescape
@@ -54,15 +53,13 @@ from ncap.http.limits import body_deadline
 from ncap.reports import (
     Report,
     build_report,
-    ensure_report_indexes,
     render_html,
     report_dict,
     since_window,
-    source_from_url,
 )
 from ncap.reports.admin_tables import revoked_exceptions, with_admin_exceptions
 from ncap.reports.timeline import Timeline, build_timeline, timeline_dict
-from ncap.stores import sqlite_target
+from ncap.stores import LedgerSource, Stores
 
 __all__ = [
     "DASHBOARD_PATH",
@@ -76,6 +73,7 @@ __all__ = [
 
 log = logging.getLogger("ncap.dashboard")
 DASHBOARD_PATH = "/dashboard"
+_STORES = web.AppKey("dashboard_stores", Stores)
 COOKIE = "ncap_dashboard"
 SESSION_S = 12 * 3600
 # an admin key is typed by an operator, not drawn by ncap: 20 characters at least
@@ -164,6 +162,7 @@ class _Dashboard:
 
     config: Config
     admin_key: str | None
+    open_source: Callable[[], LedgerSource]  # a read-only source on the ledger, per report
     sessions: Sessions | None = None
     throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(10))
     cache: dict[str, tuple[float, Views]] = field(default_factory=dict)
@@ -225,15 +224,22 @@ def admin_key_from_env(config: Config) -> str | None:
 
 
 def add_dashboard_routes(
-    app: web.Application, config: Config, sessions: Sessions | None = None
+    app: web.Application, config: Config, stores: Stores, sessions: Sessions | None = None
 ) -> None:
-    """Register ``/dashboard`` (page, sign-in, sign-out, JSON) on ``app``."""
+    """Register ``/dashboard`` (page, sign-in, sign-out, JSON) on ``app``, reading the
+    ledger of ``stores``."""
     key = admin_key_from_env(config)
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     throttle = AuthThrottle(config.server.admin_auth_failures_per_minute)
     app[DASHBOARD] = _Dashboard(
-        config, key, sessions=sessions, throttle=throttle, login=env.from_string(_LOGIN)
+        config,
+        key,
+        stores.report_source,
+        sessions=sessions,
+        throttle=throttle,
+        login=env.from_string(_LOGIN),
     )
+    app[_STORES] = stores
     app.router.add_get(DASHBOARD_PATH, page)
     app.router.add_post(f"{DASHBOARD_PATH}/login", login)
     app.router.add_post(f"{DASHBOARD_PATH}/logout", logout)
@@ -242,16 +248,13 @@ def add_dashboard_routes(
 
 
 async def _index_ledger(app: web.Application) -> None:
-    """Give a SQLite ledger the report's partial index (reports/indexes.py); without it
-    the report still works, by scanning, so a failure is only logged."""
-    url = app[DASHBOARD].config.stores.ledger
-    if urlsplit(url).scheme != "sqlite":
-        return
+    """Give the ledger the report's optional indexes (a SQLite file's partial indexes,
+    ``stores/sqlite/report_indexes.py``); without them the report still works, by
+    scanning, so a failure is only logged."""
     try:
-        path, _ = sqlite_target(url)
-        await asyncio.to_thread(ensure_report_indexes, path)
+        await app[_STORES].index_for_reports()
     except (ConfigError, sqlite3.Error) as exc:
-        log.warning("report index not created on %s: %s", url, type(exc).__name__)
+        log.warning("report index not created on the ledger: %s", type(exc).__name__)
 
 
 def _html(body: str, status: int = 200) -> web.Response:
@@ -425,15 +428,17 @@ async def _report(state: _Dashboard, since: str) -> Views | str:
         if hit and time.monotonic() - hit[0] < CACHE_S:
             return hit[1]
         try:
-            report = await asyncio.to_thread(_build, state.config, parse_duration(since))
+            report = await asyncio.to_thread(
+                _build, state.config, parse_duration(since), state.open_source
+            )
         except ConfigError as exc:
             return f"The ledger cannot be read: {exc}"
         state.cache[since] = (time.monotonic(), report)
         return report
 
 
-def _build(config: Config, length: timedelta) -> Views:
-    source = source_from_url(config.stores.ledger)
+def _build(config: Config, length: timedelta, open_source: Callable[[], LedgerSource]) -> Views:
+    source = open_source()
     window = since_window(length, utcnow())
     try:
         report = build_report(

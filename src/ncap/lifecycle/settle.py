@@ -48,6 +48,7 @@ from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.redact import bounded_id
+from ncap.stores import backend_name
 from ncap.stores.ports import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
 
 __all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
@@ -134,7 +135,7 @@ class Accounting:
         )
         report: dict[str, dict[str, Any]] = {}
         for name, url, probe in probes:
-            entry: dict[str, Any] = {"backend": _backend(url), "ready": True}
+            entry: dict[str, Any] = {"backend": backend_name(url), "ready": True}
             try:
                 await probe
             except Exception as exc:  # readiness reports any failure, whatever its type
@@ -668,11 +669,6 @@ _DENIAL_COLUMNS = (
     "denied_limit",
     "denied_amount",
 )
-
-
-def _backend(url: str) -> str:
-    scheme = url.partition(":")[0].lower()
-    return {"postgres": "postgresql", "rediss": "redis"}.get(scheme, scheme)
 
 
 def usage_complete(usage: SummaryUsage | None) -> bool:

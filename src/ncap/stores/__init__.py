@@ -79,6 +79,7 @@ __all__ = [
     "SQLiteSource",
     "StoreOptions",
     "Stores",
+    "backend_name",
     "budgets_from_url",
     "ensure_report_indexes",
     "existing_admin",
@@ -241,6 +242,13 @@ def open_report_source(ledger_url: str) -> LedgerSource:
     if opener is None:
         raise ConfigError("stores.ledger: this ledger cannot be read by the reports")
     return opener(ledger_url)
+
+
+def backend_name(url: str) -> str:
+    """The name of the backend ``url`` names (``postgres://`` is ``postgresql``), or its
+    scheme when no backend has it."""
+    scheme, backend = _lookup(url)
+    return backend.name if backend is not None else scheme
 
 
 def shared_between_processes(url: str) -> bool:

@@ -138,6 +138,16 @@ class SQLiteLedgerStore:
         batch = list(rows)
         return await self._writer.run(lambda conn: _import(conn, batch, pricing))
 
+    def export_rows(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        select: str = _COLUMNS,
+    ) -> Iterator[tuple[Any, ...]]:
+        """The raw rows, streamed from the file (``export_rows``; also once closed)."""
+        return export_rows(self.path, since, until, select=select)
+
     async def close(self) -> None:
         await self._writer.close()
         await self._reader.close()
