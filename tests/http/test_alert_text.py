@@ -14,9 +14,9 @@ from ncap.domain.grants import Grants
 from ncap.http.alerts import BudgetAlerter, alert_text
 from ncap.metrics import Metrics
 from ncap.reports.admin_tables import _alert
-from ncap.stores.ports import BudgetAlertRow
 from ncap.stores.memory.admin import MemoryAdminStore
 from ncap.stores.memory.budgets import MemoryBudgetStore
+from ncap.stores.ports import BudgetAlertRow
 from tests.support import gateway_config
 
 AT = datetime(2026, 12, 1, 14, 3, tzinfo=UTC)

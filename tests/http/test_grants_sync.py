@@ -15,8 +15,8 @@ from ncap.config import Config, ExceptionGrant
 from ncap.domain.grants import GrantChanges, Grants
 from ncap.errors import StoreUnavailable
 from ncap.http.admin import GrantsSync
-from ncap.stores.ports import AdminChange
 from ncap.stores.memory.admin import MemoryAdminStore
+from ncap.stores.ports import AdminChange
 
 GRANT = ExceptionGrant(
     id="eval", workload="default", owner="o", max_candidates=4, expires="2099-01-01T00:00:00Z"

@@ -1,32 +1,88 @@
-"""Store fixtures: every contract test runs once per backend (memory, SQLite, and the
-real PostgreSQL / Redis servers, each test in its own schema / key prefix).
+"""Store fixtures: every contract test runs once per store URL of ``LEDGER_URLS`` /
+``BUDGET_URLS`` (memory, SQLite, and the real PostgreSQL / Redis servers, each test in
+its own file, schema or key prefix), opened as the gateway opens them (``ncap.stores``'
+scheme table). A backend is tested by adding its URL here, with a mark to deselect it
+(``-m "not redis"``); its extra arguments beside the URL are the second value.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ncap.stores import (
+    BACKENDS,
+    BudgetSide,
     BudgetStore,
+    IdempotencyStore,
     LedgerStore,
-    MemoryBudgetStore,
     MemoryLedgerStore,
-    PostgresLedgerStore,
-    RedisBudgetStore,
-    SQLiteBudgetStore,
-    SQLiteLedgerStore,
+    StoreOptions,
+    open_budget_side,
+    open_ledger_side,
 )
-from tests.services import pg_schema, redis_prefix
+from tests.services import PG_URL, REDIS_URL, pg_schema, redis_prefix
+from tests.stores.dict_backend import DICT_BACKEND
 
-BUDGET_BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
-LEDGER_BACKENDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
+# the throwaway dict-backed ledger of dict_backend.py, registered like a shipped backend
+BACKENDS.setdefault("dict", DICT_BACKEND)
 
-BudgetFactory = Callable[..., BudgetStore]
+# (URL, arguments beside it), as the limits library's ALL_STORAGES; {tmp} is the test's
+# own directory
+LEDGER_URLS = [
+    pytest.param(("memory://", {}), id="memory"),
+    pytest.param(("sqlite:///{tmp}/l.db", {}), id="sqlite"),
+    pytest.param((PG_URL, {}), marks=pytest.mark.postgresql, id="postgresql"),
+    pytest.param(("dict://", {}), id="dict"),
+]
+BUDGET_URLS = [
+    pytest.param(("memory://", {}), id="memory"),
+    pytest.param(("sqlite:///{tmp}/budgets.db", {}), id="sqlite"),
+    # a new deployment: its counters are built from an empty ledger
+    pytest.param((REDIS_URL, {"history": "empty"}), marks=pytest.mark.redis, id="redis"),
+]
+
+
+@asynccontextmanager
+async def isolated(url: str, tmp_path: Path) -> AsyncIterator[str]:
+    """``url`` for one test: its own file, PostgreSQL schema or Redis key prefix."""
+    if url.startswith("postgresql://"):
+        async with pg_schema(url) as own:
+            yield own
+    elif url.startswith("redis://"):
+        async with redis_prefix(url) as own:
+            yield own
+    else:
+        yield url.format(tmp=tmp_path)
+
+
+class BudgetFactory:
+    """Makes budget stores on one URL; stores made by one factory share it (a file, a
+    key prefix), and each keeps its ``Idempotency-Key`` records beside it."""
+
+    def __init__(self, url: str, args: dict[str, Any], clock: Clock) -> None:
+        self._url, self._args, self._clock = url, args, clock
+        self._sides: dict[int, BudgetSide] = {}
+
+    def __call__(self, gateway_instance: str = "g1") -> BudgetStore:
+        history = MemoryLedgerStore() if self._args.get("history") == "empty" else None
+        options = StoreOptions(gateway_instance=gateway_instance, clock=self._clock)
+        side = open_budget_side(self._url, options, history)
+        self._sides[id(side.budgets)] = side
+        return side.budgets
+
+    def idempotency(self, budgets: BudgetStore) -> IdempotencyStore:
+        """The records kept beside ``budgets``."""
+        return self._sides[id(budgets)].idempotency
+
+    async def close(self) -> None:
+        for side in self._sides.values():
+            await side.budgets.close()
 
 
 class Clock:
@@ -44,37 +100,16 @@ def clock() -> Clock:
     return Clock(datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC))
 
 
-@pytest.fixture(params=BUDGET_BACKENDS)
+@pytest.fixture(params=BUDGET_URLS)
 async def budget_factory(
     request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
 ) -> AsyncIterator[BudgetFactory]:
     """Makes stores of one backend; stores made by one factory share a file / key prefix."""
-    made: list[BudgetStore] = []
-    async with redis_prefix() if request.param == "redis" else _nothing() as url:
-
-        def make(gateway_instance: str = "g1") -> BudgetStore:
-            store: BudgetStore
-            if request.param == "memory":
-                store = MemoryBudgetStore(gateway_instance=gateway_instance, clock=clock)
-            elif request.param == "redis":
-                # a new deployment: its counters are built from an empty ledger
-                store = RedisBudgetStore(
-                    url,
-                    gateway_instance=gateway_instance,
-                    clock=clock,
-                    history=MemoryLedgerStore(),
-                    rebuild_grace_s=0,
-                )
-            else:
-                store = SQLiteBudgetStore(
-                    tmp_path / "budgets.db", gateway_instance=gateway_instance, clock=clock
-                )
-            made.append(store)
-            return store
-
-        yield make
-        for store in made:
-            await store.close()
+    url, args = request.param
+    async with isolated(url, tmp_path) as own:
+        factory = BudgetFactory(own, args, clock)
+        yield factory
+        await factory.close()
 
 
 @pytest.fixture
@@ -82,20 +117,10 @@ async def budgets(budget_factory: BudgetFactory) -> BudgetStore:
     return budget_factory()
 
 
-@pytest.fixture(params=LEDGER_BACKENDS)
+@pytest.fixture(params=LEDGER_URLS)
 async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LedgerStore]:
-    async with pg_schema() if request.param == "postgresql" else _nothing() as url:
-        store: LedgerStore
-        if request.param == "memory":
-            store = MemoryLedgerStore()
-        elif request.param == "postgresql":
-            store = PostgresLedgerStore(url)
-        else:
-            store = SQLiteLedgerStore(tmp_path / "l.db")
+    url, _ = request.param
+    async with isolated(url, tmp_path) as own:
+        store = open_ledger_side(own, StoreOptions()).ledger
         yield store
         await store.close()
-
-
-@asynccontextmanager
-async def _nothing() -> AsyncIterator[str]:
-    yield ""

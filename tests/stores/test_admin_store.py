@@ -22,13 +22,14 @@ import pytest
 from ncap.config import ExceptionGrant, KeyEntry
 from ncap.domain.grants import GrantChanges
 from ncap.errors import ConfigError, StoreUnavailable
-from ncap.stores.postgres.pool import postgres_target
-from ncap.stores.ports import AdminChange, AdminStore, AuditEntry, BudgetAlertRow, DuplicateGrant
+from ncap.stores import open_admin
 from ncap.stores.memory.admin import MemoryAdminStore
+from ncap.stores.ports import AdminChange, AdminStore, AuditEntry, BudgetAlertRow, DuplicateGrant
 from ncap.stores.postgres.admin import PostgresAdminStore
+from ncap.stores.postgres.pool import postgres_target
 from ncap.stores.sqlite.admin import SQLiteAdminStore
-from ncap.stores import admin_store_for_ledger
 from tests.services import pg_schema
+from tests.stores.conftest import LEDGER_URLS, isolated
 
 AT = datetime(2026, 12, 1, 9, 30, 15, 250_000, tzinfo=UTC)
 GRANT = ExceptionGrant(
@@ -37,20 +38,14 @@ GRANT = ExceptionGrant(
 KEY = KeyEntry(hash="sha256:" + "a" * 64, workload="w", label="ci")
 
 
-BACKENDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
-
-
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=LEDGER_URLS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AdminStore]:
-    if request.param == "postgresql":
-        async with pg_schema() as url:
-            made: AdminStore = PostgresAdminStore(url)
-            yield made
-            await made.close()
-        return
-    made = MemoryAdminStore() if request.param == "memory" else SQLiteAdminStore(tmp_path / "l.db")
-    yield made
-    await made.close()
+    """The admin store beside each ledger of the test matrix."""
+    url, _ = request.param
+    async with isolated(url, tmp_path) as own:
+        made = open_admin(own)
+        yield made
+        await made.close()
 
 
 @pytest.fixture
@@ -240,12 +235,12 @@ async def test_a_database_error_is_a_config_error_naming_the_file(tmp_path: Path
 def test_the_admin_store_beside_each_ledger(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    beside = admin_store_for_ledger("sqlite:///x.db", tmp_path / "x.db")
+    beside = open_admin(f"sqlite:///{tmp_path}/x.db")
     assert isinstance(beside, SQLiteAdminStore) and beside.path == tmp_path / "x.db"
     with caplog.at_level(logging.WARNING, "ncap.admin"):
-        assert isinstance(admin_store_for_ledger("memory://", None), MemoryAdminStore)
-        in_schema = admin_store_for_ledger("postgresql://h/db?schema=s1", None)
-        default = admin_store_for_ledger("postgres://h/db", None)
+        assert isinstance(open_admin("memory://"), MemoryAdminStore)
+        in_schema = open_admin("postgresql://h/db?schema=s1")
+        default = open_admin("postgres://h/db")
     assert caplog.messages == []  # a PostgreSQL ledger has its admin tables now
     assert isinstance(in_schema, PostgresAdminStore) and isinstance(default, PostgresAdminStore)
     assert (in_schema.pool.dsn, in_schema.pool.schema) == ("postgresql://h/db", "s1")

@@ -13,8 +13,8 @@ import pytest
 
 from ncap.domain.events import LedgerEvent, ReconciliationRow
 from ncap.stores._common import _target, apply_import, is_lost, spent_totals
-from ncap.stores.ports import SpentTotal
 from ncap.stores.memory.budgets import MemoryBudgetStore
+from ncap.stores.ports import SpentTotal
 
 SINCE = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 BASE = LedgerEvent(

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from ncap.stores import idempotency_for
 from tests.stores.conftest import BudgetFactory
 
 
 async def test_one_claim_wins_and_the_others_see_its_record(
     budget_factory: BudgetFactory,
 ) -> None:
-    stores = [idempotency_for(budget_factory(f"g{i}")) for i in range(2)]
+    stores = [budget_factory.idempotency(budget_factory(f"g{i}")) for i in range(2)]
     if type(stores[0]).__name__ == "MemoryIdempotency":
         stores = [stores[0], stores[0]]  # one process's records: one store
     got = await asyncio.gather(
@@ -27,7 +26,7 @@ async def test_one_claim_wins_and_the_others_see_its_record(
 
 
 async def test_swap_is_compare_and_set_and_none_deletes(budget_factory: BudgetFactory) -> None:
-    store = idempotency_for(budget_factory())
+    store = budget_factory.idempotency(budget_factory())
     assert await store.claim("w:k", b"a", 30) is None
     assert not await store.swap("w:k", b"not-a", b"b", 30)
     assert await store.swap("w:k", b"a", b"done", 30)
@@ -39,7 +38,7 @@ async def test_swap_is_compare_and_set_and_none_deletes(budget_factory: BudgetFa
 
 
 async def test_records_expire(budget_factory: BudgetFactory) -> None:
-    store = idempotency_for(budget_factory())
+    store = budget_factory.idempotency(budget_factory())
     assert await store.claim("w:k", b"a", 0.2) is None
     assert await store.claim("w:k", b"b", 0.2) == b"a"
     await asyncio.sleep(0.4)

@@ -22,13 +22,12 @@ from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent
 from ncap.domain.grants import GrantChanges
 from ncap.stores import PostgresLedgerStore, SQLiteLedgerStore
 from ncap.stores._migrations import latest, migrations
-from ncap.stores.postgres.pool import migrate as pg_migrate
-from ncap.stores.postgres.pool import postgres_target
-from ncap.stores.sqlite.connection import migrate as sqlite_migrate
 from ncap.stores.ports import AdminChange
 from ncap.stores.postgres.admin import PostgresAdminStore
-from ncap.stores.sqlite.admin import SQLiteAdminStore
-from ncap.stores.admin_schema import SQLITE_DDL
+from ncap.stores.postgres.pool import migrate as pg_migrate
+from ncap.stores.postgres.pool import postgres_target
+from ncap.stores.sqlite.admin import SQLITE_DDL, SQLiteAdminStore
+from ncap.stores.sqlite.connection import migrate as sqlite_migrate
 from tests.services import pg_database, pg_schema
 from tests.stores.test_sqlite_ledger import FULL_EVENT, event
 
@@ -70,7 +69,7 @@ def _sqlite_rev7_insert(conn: sqlite3.Connection, row: LedgerEvent) -> None:
 
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
-    # SQLite's revisions 1 and 6 (the admin tables: stores/admin_schema.py) are in code
+    # each dialect's revisions are the files of its backend's migrations/ folder
     assert latest("postgresql") == 8
     assert [v for v, _ in migrations("postgresql")] == [v for v, _ in lite.MIGRATIONS]
     assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7, 8]
@@ -370,7 +369,11 @@ async def test_ncap_migrate_remakes_the_report_indexes_revision_7_drops(tmp_path
     """Revision 7 rebuilds the table, which drops the report's partial indexes with it;
     ``ncap migrate`` makes them again, so an audit run before the next gateway start-up
     reads them instead of scanning."""
-    from ncap.stores.sqlite.report_indexes import EXCEPTION_INDEX, PER_CHOICE_INDEX, ensure_report_indexes
+    from ncap.stores.sqlite.report_indexes import (
+        EXCEPTION_INDEX,
+        PER_CHOICE_INDEX,
+        ensure_report_indexes,
+    )
 
     path = tmp_path / "l.db"
     conn = sqlite3.connect(path, isolation_level=None)

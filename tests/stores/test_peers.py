@@ -14,16 +14,15 @@ import pytest
 
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.errors import ConcurrencyLimitExceeded
+from ncap.lifecycle.peers import PeerWatch
 from ncap.stores import (
     BudgetStore,
     Identity,
     LedgerStore,
-    PeerWatch,
-    budgets_from_url,
-    history_of,
+    StoreOptions,
     hold_id_for,
-    instances_for,
-    ledger_from_url,
+    open_budget_side,
+    open_ledger_side,
 )
 from tests.services import pg_schema, redis_prefix
 from tests.stores.test_sqlite_ledger import event
@@ -54,15 +53,15 @@ async def make_gateway(
         made: list[Gateway] = []
 
         def make(instance: str, pid: int = 0, timeout_s: float = 30.0) -> Gateway:
-            ledger = ledger_from_url(urls[0])
+            ledger_side = open_ledger_side(urls[0], StoreOptions())
+            ledger = ledger_side.ledger
             # as the gateway builds them: Redis counters rebuilt from the ledger
-            budgets = budgets_from_url(
-                urls[1], gateway_instance=instance, history=history_of(ledger)
-            )
+            options = StoreOptions(gateway_instance=instance)
+            budgets = open_budget_side(urls[1], options, ledger_side.history).budgets
             me = Identity.current(instance)
             me = replace(me, pid=pid or me.pid, host=me.host if not pid else "elsewhere")
             peers = PeerWatch(
-                instances_for(ledger), ledger, budgets, me, interval_s=0.1, timeout_s=timeout_s
+                ledger_side.instances, ledger, budgets, me, interval_s=0.1, timeout_s=timeout_s
             )
             made.append((peers, ledger, budgets))
             return peers, ledger, budgets

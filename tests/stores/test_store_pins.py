@@ -15,19 +15,21 @@ import pytest
 
 from ncap.domain.budget import Amounts, BudgetWindows
 from ncap.domain.events import LedgerEvent
+from ncap.errors import ConfigError
 from ncap.stores import (
     BudgetStore,
     MemoryBudgetStore,
     MemoryLedgerStore,
     SQLiteBudgetStore,
     SQLiteLedgerStore,
+    StoreOptions,
     hold_id_for,
+    open_budget_side,
 )
 from ncap.stores._common import decode_per_choice, spent_totals
-from ncap.stores.sqlite.connection import sqlite_version
-from ncap.stores.ports import DuplicateAttempt
 from ncap.stores.memory.idempotency import MemoryIdempotency
-from ncap.stores import idempotency_for
+from ncap.stores.ports import DuplicateAttempt
+from ncap.stores.sqlite.connection import sqlite_version
 from ncap.stores.sqlite.ledger import _ts
 from tests.stores.conftest import Clock
 
@@ -244,9 +246,11 @@ async def test_the_oldest_record_is_evicted_first_and_a_rewrite_is_new() -> None
     )
 
 
-def test_no_records_for_an_unknown_budget_store() -> None:
-    with pytest.raises(TypeError, match=r"^no Idempotency-Key records for object$"):
-        idempotency_for(object())  # type: ignore[arg-type]
+def test_no_records_for_a_backend_without_budgets() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^stores\.budgets: postgresql:// is not a budgets store$"
+    ):
+        open_budget_side("postgresql://h/db", StoreOptions(), None)
 
 
 async def test_a_request_with_attempts_left_keeps_them_after_an_eviction() -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "AdminStore",
     "Backend",
     "BudgetHistory",
+    "BudgetSide",
     "BudgetStore",
     "DuplicateAttempt",
     "Hold",
@@ -66,6 +67,7 @@ __all__ = [
     "Identity",
     "ImportResult",
     "InstanceRegistry",
+    "LedgerSide",
     "LedgerSource",
     "LedgerStore",
     "MemoryBudgetStore",
@@ -88,6 +90,8 @@ __all__ = [
     "ledger_from_url",
     "migrate_stores",
     "open_admin",
+    "open_budget_side",
+    "open_ledger_side",
     "open_report_source",
     "open_stores",
     "shared_between_processes",
@@ -123,13 +127,15 @@ def _backend(url: str, store: str) -> Backend:
     return backend
 
 
-def _open_ledger(url: str, options: StoreOptions) -> LedgerSide:
+def open_ledger_side(url: str, options: StoreOptions) -> LedgerSide:
+    """The ledger ``url`` names and what lives beside it (``open_stores``, tests)."""
     opener = _backend(url, "ledger").ledger
     assert opener is not None  # checked by _backend
     return opener(url, options)
 
 
-def _open_budgets(url: str, options: StoreOptions, history: BudgetHistory | None) -> BudgetSide:
+def open_budget_side(url: str, options: StoreOptions, history: BudgetHistory | None) -> BudgetSide:
+    """The budgets ``url`` names and the records kept beside them (``open_stores``, tests)."""
     opener = _backend(url, "budgets").budgets
     assert opener is not None  # checked by _backend
     return opener(url, options, history)
@@ -175,8 +181,8 @@ class Stores:
 def open_stores(ledger_url: str, budgets_url: str, options: StoreOptions) -> Stores:
     """Open the ledger, then the budgets that rebuild from it (at start-up when
     in-process, whenever Redis lost them), and every port beside them."""
-    ledger_side = _open_ledger(ledger_url, options)
-    budget_side = _open_budgets(budgets_url, options, ledger_side.history)
+    ledger_side = open_ledger_side(ledger_url, options)
+    budget_side = open_budget_side(budgets_url, options, ledger_side.history)
     ledger_backend = _backend(ledger_url, "ledger")
     return Stores(
         ledger=ledger_side.ledger,
@@ -195,7 +201,7 @@ def ledger_from_url(
     url: str, *, durability: LedgerDurability = "normal", timeout_s: float = STORE_TIMEOUT_S
 ) -> LedgerStore:
     """The ledger store ``url`` names alone (tools); ``ConfigError`` for anything unusable."""
-    return _open_ledger(url, StoreOptions(durability=durability, timeout_s=timeout_s)).ledger
+    return open_ledger_side(url, StoreOptions(durability=durability, timeout_s=timeout_s)).ledger
 
 
 def budgets_from_url(
@@ -209,7 +215,7 @@ def budgets_from_url(
     """The budget store ``url`` names alone (tools); holds are tagged with
     ``gateway_instance``. Budgets given a ``history`` (the ledger) rebuild from it."""
     options = StoreOptions(gateway_instance=gateway_instance, clock=clock, timeout_s=timeout_s)
-    return _open_budgets(url, options, history).budgets
+    return open_budget_side(url, options, history).budgets
 
 
 def open_admin(ledger_url: str) -> AdminStore:

@@ -96,7 +96,7 @@ def mapped_redis() -> Iterator[None]:
 
 
 def _script_source() -> str:
-    return files("ncap.stores").joinpath(f"lua/{SCRIPT_VERSION}.lua").read_text()
+    return files("ncap.stores.redis").joinpath(f"lua/{SCRIPT_VERSION}.lua").read_text()
 
 
 def _us(now: datetime) -> int:

@@ -9,7 +9,7 @@ from ncap.stores.redis.budgets import RedisBudgetStore, mapped_redis
 
 
 def _lua(name: str) -> str:
-    return files("ncap.stores").joinpath(f"lua/{name}.lua").read_text()
+    return files("ncap.stores.redis").joinpath(f"lua/{name}.lua").read_text()
 
 
 class RedisIdempotency:
