@@ -34,17 +34,20 @@ class DictLedgerStore:
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, int], LedgerEvent] = {}
+        self.closed = False
 
     def _sorted(self) -> list[LedgerEvent]:
         return sorted(self.rows.values(), key=lambda e: (e.timestamp, e.request_id, e.attempt))
 
     async def append(self, event: LedgerEvent) -> None:
+        self._check_open()
         key = (event.request_id, event.attempt)
         if key in self.rows:
             raise DuplicateAttempt(event.request_id, event.attempt)
         self.rows[key] = event
 
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
+        self._check_open()
         check_update_fields(fields)
         key = (request_id, attempt)
         if key not in self.rows:
@@ -99,7 +102,11 @@ class DictLedgerStore:
         return apply_import(rows, find, write, pricing)
 
     async def close(self) -> None:
-        pass
+        self.closed = True
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("dict ledger is closed")
 
 
 def _open_ledger(url: str, options: StoreOptions) -> LedgerSide:
