@@ -34,7 +34,7 @@ from ncap.reports.source import (
     SQLiteSource,
     source_from_url,
 )
-from ncap.stores.sqlite.report_indexes import ensure_report_indexes
+from ncap.stores import ensure_report_indexes
 
 __all__ = [
     "STEPS",

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from ncap.config import Pricing
 from ncap.errors import ConfigError
 from ncap.reports.model import ChoiceCost, Window
-from ncap.reports.source import LedgerSource, SQLiteSource
-from ncap.stores.sqlite.report_indexes import PER_CHOICE_INDEX
+from ncap.reports.source import LedgerSource
 
 __all__ = ["choice_costs"]
 
@@ -32,7 +31,7 @@ def choice_costs(
 ) -> list[ChoiceCost]:
     span = (source.stamp(window.start), source.stamp(window.end))
     try:
-        rows = source.query(_SQL.format(scan=_target(source, span)), span)
+        rows = source.query(_SQL.format(scan=source.per_choice_scan(*span)), span)
     except ConfigError:
         return []  # a ledger without the column
     tokens: dict[str | None, list[int]] = defaultdict(list)
@@ -50,17 +49,6 @@ def choice_costs(
         cost, attempts = costs[rid]
         out.append(_row(rid, sorted(tokens[rid]), cost, attempts, prices.get(rid or "")))
     return out
-
-
-def _target(source: LedgerSource, span: tuple[object, object]) -> str:
-    """The partial index when a SQLite ledger has it (``reports/indexes.py``)."""
-    if isinstance(source, SQLiteSource):
-        found = source.query(
-            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (PER_CHOICE_INDEX,)
-        )
-        if found:
-            return f"ledger_events INDEXED BY {PER_CHOICE_INDEX}"
-    return source.scan(*span)
 
 
 def _row(

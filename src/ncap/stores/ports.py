@@ -410,6 +410,10 @@ class LedgerSource(Protocol):
         """The ``FROM`` target for queries over the rows that name an exception."""
         ...
 
+    def per_choice_scan(self, start: Any, end: Any) -> str:
+        """The ``FROM`` target for the rows of ``[start, end)`` with per-choice counts."""
+        ...
+
     def bucket(self, hourly: bool) -> str:
         """An SQL expression: the row's UTC hour (``2026-12-01T14``) or day
         (``2026-12-01``) as text, the one date function the time views need."""

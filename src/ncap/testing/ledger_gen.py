@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ncap.domain.events import LEDGER_COLUMNS
-from ncap.stores import SQLiteLedgerStore
-from ncap.stores.sqlite.report_indexes import ensure_report_indexes
+from ncap.stores import SQLiteLedgerStore, ensure_report_indexes
 
 __all__ = ["LedgerSpec", "generate_ledger", "synthetic_config"]
 

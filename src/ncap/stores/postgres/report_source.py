@@ -65,6 +65,9 @@ class PostgresSource:
     def exception_scan(self) -> str:
         return "ledger_events"
 
+    def per_choice_scan(self, start: Any, end: Any) -> str:
+        return "ledger_events"
+
     def bucket(self, hourly: bool) -> str:
         if self._text_stamps:
             return text_bucket(hourly)

@@ -16,7 +16,7 @@ from typing import Any
 from ncap.errors import ConfigError
 from ncap.stores._common import text_bucket
 from ncap.stores.ports import Row
-from ncap.stores.sqlite.report_indexes import EXCEPTION_INDEX
+from ncap.stores.sqlite.report_indexes import EXCEPTION_INDEX, PER_CHOICE_INDEX
 
 __all__ = ["WIDE_WINDOW", "SQLiteSource"]
 
@@ -63,12 +63,22 @@ class SQLiteSource:
     def exception_scan(self) -> str:
         """The report's partial index when the ledger has it (``report_indexes.py``),
         else a plain scan (the timestamp index would be slower than the table)."""
-        found = self._conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (EXCEPTION_INDEX,)
-        ).fetchone()
-        if found:
+        if self._has_index(EXCEPTION_INDEX):
             return f"ledger_events INDEXED BY {EXCEPTION_INDEX}"
         return "ledger_events NOT INDEXED"
+
+    def per_choice_scan(self, start: Any, end: Any) -> str:
+        """The report's partial index of the rows with per-choice counts when the
+        ledger has it, else the window's scan."""
+        if self._has_index(PER_CHOICE_INDEX):
+            return f"ledger_events INDEXED BY {PER_CHOICE_INDEX}"
+        return self.scan(start, end)
+
+    def _has_index(self, name: str) -> bool:
+        found = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)
+        ).fetchone()
+        return found is not None
 
     def bucket(self, hourly: bool) -> str:
         return text_bucket(hourly)  # stamps are fixed-width UTC text
