@@ -25,7 +25,7 @@ import psycopg
 
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent
 from ncap.stores import _postgres
-from ncap.stores import postgres_ledger as pg
+from ncap.stores.postgres import ledger as pg
 
 URL = "postgresql://postgres@127.0.0.1:5432/test"
 

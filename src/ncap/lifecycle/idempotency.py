@@ -7,7 +7,7 @@ client text reaches the store): another key of the same workload reusing ``order
 neither learns of the first request, nor blocks it, nor is replayed its answer. The record
 beside it names the first request, a hash of its canonical body (sorted-key JSON) and
 whether it was a stream. The record lives in the budget store
-(``stores.base.IdempotencyStore``), so it reaches every replica the budgets reach, and
+(``stores.ports.IdempotencyStore``), so it reaches every replica the budgets reach, and
 expires after ``server.idempotency_ttl_s``.
 
 - First use: claimed atomically; the request runs as usual. Its answer marks the

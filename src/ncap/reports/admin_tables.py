@@ -1,4 +1,4 @@
-"""What the report reads from the admin tables beside the ledger (``stores/admin_schema``):
+"""What the report reads from the admin tables beside the ledger (``stores/sqlite/migrations/0006_admin.sql``):
 budget alerts fired in the window (shown in the report's alerts, ``source="budget"``)
 and the exceptions the admin API created (their usage belongs in the exceptions
 section as much as the config's). Portable SQL; a ledger without the tables (one the

@@ -1,7 +1,7 @@
 """Synthetic ledgers for tests, benchmarks and demos (``ncap ledger generate``).
 
 The rows are what the gateway would write (the real schema of
-``stores/sqlite_ledger.py``, one row per attempt): five workloads on four routes,
+``stores/sqlite/ledger.py``, one row per attempt): five workloads on four routes,
 omitted and explicit ``n``, exceptions (one of them expired while a stale replica
 kept using it, one close to its budget), denials by reason, retries after timeouts
 and 429s, fallbacks, emulated fan-out branches, returned-count mismatches, streams

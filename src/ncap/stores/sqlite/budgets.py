@@ -72,7 +72,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     (
         2,
-        # client Idempotency-Key records (stores/idempotency.py)
+        # client Idempotency-Key records (sqlite/idempotency.py)
         """
         CREATE TABLE idempotency_keys (
             key TEXT PRIMARY KEY,

@@ -1,6 +1,6 @@
 -- The admin tables: what the admin API created and revoked, its
 -- audit trail, and the budget alerts already fired, shared by every replica. The same
--- columns as SQLite revision 6 (stores/admin_schema.py: SQLITE_DDL); timestamps are
+-- columns as SQLite revision 6 (sqlite/migrations/0006_admin.sql); timestamps are
 -- TIMESTAMPTZ here, fixed-width UTC text there. ``body`` and ``detail`` are the JSON
 -- text the SQLite tables hold (read back whole, never queried inside).
 CREATE TABLE admin_grants (

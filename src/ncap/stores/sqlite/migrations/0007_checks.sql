@@ -3,7 +3,7 @@
 -- per request here), and the same constraints written as OR chains need none. SQLite
 -- cannot alter a constraint, so the table is rebuilt: its rows copied in this one
 -- transaction, then its indexes made again (the report's partial indexes are made
--- again by the next gateway start-up, reports/indexes.py). The provider request id's
+-- again by the next gateway start-up, sqlite/report_indexes.py). The provider request id's
 -- index now leaves out the rows that have none (every reserved row, every denial):
 -- the insert no longer writes an entry that its settlement deletes, and the lookup
 -- by id (provider_request_id = ?) still uses it.
