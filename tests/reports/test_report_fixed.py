@@ -414,8 +414,8 @@ async def test_every_sqlite_query_path_gives_the_same_report(
 ) -> None:
     """Scan or index for the window, scan or partial index for exceptions: same numbers."""
     from ncap.reports import SQLiteSource, ensure_report_indexes, report_dict
-    from ncap.reports import source as source_module
     from ncap.stores import SQLiteLedgerStore
+    from ncap.stores.sqlite import report_source as source_module
 
     path = tmp_path / "paths.db"
     store = SQLiteLedgerStore(path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 from ncap.cli.main import app
 from ncap.config import ExceptionGrant, parse_config
 from ncap.http.dashboard import _build
+from ncap.stores import open_report_source
 from ncap.stores.ports import AdminChange
 from ncap.stores.sqlite.admin import SQLiteAdminStore
 from ncap.testing.ledger_gen import LedgerSpec, generate_ledger, synthetic_config
@@ -69,7 +71,10 @@ def test_revoked_exceptions_are_revoked_in_audit_json_table_and_dashboard(
     eval_line = next(line for line in table.stdout.splitlines() if "eval-q4" in line)
     assert "revoked" in eval_line and "active" not in eval_line
     # the dashboard (page and report.json) builds the same report
-    report = _build(parse_config(cfg.read_text()), timedelta(days=7)).report
+    config = parse_config(cfg.read_text())
+    report = _build(
+        config, timedelta(days=7), partial(open_report_source, config.stores.ledger)
+    ).report
     assert {e.id: e.status for e in report.exceptions}["eval-q4"] == "revoked"
 
 
