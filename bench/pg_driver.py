@@ -24,8 +24,8 @@ import asyncpg
 import psycopg
 
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent
-from ncap.stores import _postgres
 from ncap.stores.postgres import ledger as pg
+from ncap.stores.postgres import pool as _postgres
 
 URL = "postgresql://postgres@127.0.0.1:5432/test"
 
