@@ -1,4 +1,4 @@
-""" "Candidates mostly duplicate", posted to the budget alerts' webhook as it happens.
+"""The "candidates mostly duplicate" alert, posted to the budget webhook as it happens.
 
 The daily report flags a workload (or exception) whose requests with more than one
 returned candidate gave, on average, fewer distinct candidates per returned one than
