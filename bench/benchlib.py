@@ -456,3 +456,22 @@ def save_result(
     tmp.replace(out)
     print(f"result: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}", file=sys.stderr)
     return out
+
+
+def profile_table(profile: Path, title: str, count: int = 25, sort: str = "tottime") -> Table:
+    """The top ``count`` functions of a cProfile dump as a table (by own or cumulative
+    time), so a profile renders on the benchmarks page like any other result."""
+    import pstats
+
+    stats = pstats.Stats(str(profile)).strip_dirs()
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
+    raw = stats.stats  # type: ignore[attr-defined]
+    index = 2 if sort == "tottime" else 3
+    top = sorted(raw.items(), key=lambda kv: kv[1][index], reverse=True)[:count]
+    total = sum(v[2] for v in raw.values()) or 1.0
+    rows = [
+        [f"{func} ({file}:{line})", calls, round(own, 3), round(cum, 3), f"{own / total:.1%}"]
+        for (file, line, func), (_, calls, own, cum, _) in top
+    ]
+    columns = ["function", "calls", "own s", "cumulative s", "share of own time"]
+    return Table(title, columns, rows)
