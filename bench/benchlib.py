@@ -475,3 +475,22 @@ def profile_table(profile: Path, title: str, count: int = 25, sort: str = "totti
     ]
     columns = ["function", "calls", "own s", "cumulative s", "share of own time"]
     return Table(title, columns, rows)
+
+
+def flat_rows(result: dict[str, Any], prefix: str = "") -> list[list[Any]]:
+    """``[key, value]`` rows of a nested result, nested keys joined with dots."""
+    rows: list[list[Any]] = []
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            rows += flat_rows(value, f"{name}.")
+        elif isinstance(value, list | tuple | dict):
+            rows.append([name, json.dumps(value)])
+        else:
+            rows.append([name, value])
+    return rows
+
+
+def flat_table(title: str, result: dict[str, Any], notes: str = "") -> Table:
+    """A result that is one set of measures (not one row per target) as a table."""
+    return Table(title, ["measure", "value"], flat_rows(result), notes=notes)

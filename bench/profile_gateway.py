@@ -25,7 +25,7 @@ import benchlib as bl
 import gateway_bench as gb
 
 
-def profile(run: gb.Run, name: str, args: argparse.Namespace) -> str:
+def profile(run: gb.Run, name: str, args: argparse.Namespace) -> tuple[str, list[bl.Table]]:
     home = run.work / name
     home.mkdir(exist_ok=True)
     config = run.work / f"{name}.yaml"
@@ -38,14 +38,16 @@ def profile(run: gb.Run, name: str, args: argparse.Namespace) -> str:
     server = bl.start_server(name, argv, run.work, env={"NCAP_BENCH_UPSTREAM_KEY": "d"}, cwd=home)
     target = gb._ready_or_reason(gb.Target(name, gb._chat_url(port), server))
     if isinstance(target, str):
-        return f"{name}: skipped ({target})"
+        return f"{name}: skipped ({target})", []
     try:
         res = gb._loadgen(target, run.args, args.concurrency, args.duration, 0.5)
     finally:
         bl.stop_server(server, grace_s=30)
     if not out.exists():
-        return f"{name}: no profile written (did the server exit cleanly?)\n{server.tail()}"
-    return _summary(name, out, res, args.top)
+        return f"{name}: no profile written (did the server exit cleanly?)\n{server.tail()}", []
+    head = f"{name}: {res['throughput_rps']} req/s, p50 {res['p50_ms']} ms"
+    table = bl.profile_table(out, f"{head}, top {args.top} by own time", args.top)
+    return _summary(name, out, res, args.top), [table]
 
 
 def _summary(name: str, prof: Path, res: dict[str, object], top: int) -> str:
@@ -75,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ncap-profile-"))
     upstream, port = gb.start_upstream(work, bench_args)
     run = gb.Run(bench_args, work, upstream, port)
+    tables: list[bl.Table] = []
     try:
         for name in (s.strip() for s in args.setups.split(",") if s.strip()):
-            print(profile(run, name, args))
+            summary, found = profile(run, name, args)
+            print(summary)
+            tables += found
     finally:
         bl.stop_server(upstream)
         shutil.rmtree(work, ignore_errors=True)
+    bl.save_result("profile", tables)
     return 0
 
 
