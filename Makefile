@@ -87,7 +87,7 @@ bench-ledger: setup
 bench-rss: setup
 	$(BIN)/python bench/rss_check.py --small 20000 --large 200000
 
-# cProfile of ncap serve under load (bench/results/profile-*.txt)
+# cProfile of ncap serve under load (full stats in bench/results/partial/profile-*)
 bench-profile: setup
 	$(BIN)/python bench/profile_gateway.py --setups ncap,ncap-memory,ncap-sqlite --duration 10
 

@@ -5,7 +5,8 @@ the SQLite writer thread runs outside the profiler and shows up as the time the 
 spends waiting), drives it with bench/loadgen.py at ``--concurrency`` for
 ``--duration`` seconds, stops it with SIGTERM (cProfile writes its stats on the
 clean exit) and prints the top functions by own time and by cumulative time.
-Stats go to bench/results/profile-<setup>.prof and a text summary beside it.
+Stats go to bench/results/partial/profile-<setup>.prof (ignored by git) and a text
+summary beside it; the top functions by own time go to the ``profile`` result.
 
     .venv/bin/python bench/profile_gateway.py [--setups ncap,ncap-memory]
         [--concurrency 16] [--duration 10] [--top 25]
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--top", type=int, default=25)
-    p.add_argument("--results", default=str(bl.BENCH / "results"))
+    p.add_argument("--results", default=str(bl.RESULTS / "partial"))
     args = p.parse_args(argv)
     Path(args.results).mkdir(parents=True, exist_ok=True)
     bench_args = gb.parse_args(["--concurrency", str(args.concurrency)])
