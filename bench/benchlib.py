@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -327,8 +327,8 @@ class Table:
     title: str
     columns: list[str]
     rows: list[list[Any]]
-    command: str = ""
-    notes: str = ""
+    command: str = field(default="", kw_only=True)
+    notes: str = field(default="", kw_only=True)
 
 
 def _read_first(path: str, prefix: str) -> str:

@@ -31,22 +31,37 @@ def main(argv: list[str] | None = None) -> int:
     argv_test += ["-p", "no:cacheprovider"]
     env = dict(os.environ, NCAP_FUZZ_SCALE=str(args.scale))
     began = time.monotonic()
-    done = subprocess.run(argv_test, cwd=bl.ROOT, env=env, capture_output=True, text=True)
-    wall = round(time.monotonic() - began, 1)
-    sys.stdout.write(done.stdout)
-    sys.stderr.write(done.stderr)
-    cases = CASES.search(done.stdout)
-    summary = SUMMARY.findall(done.stdout)
+    output, code = run_echoed(argv_test, env)
+    table = result_table(output, code, round(time.monotonic() - began, 1), args.scale)
+    bl.save_result("fuzz", [table], raw={"exit": code, "output_tail": output[-4000:]})
+    return code
+
+
+def run_echoed(argv: list[str], env: dict[str, str]) -> tuple[str, int]:
+    """Run ``argv``, echoing its output as it comes (the pass takes minutes); the output."""
+    lines = []
+    with subprocess.Popen(
+        argv, cwd=bl.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            lines.append(line)
+    return "".join(lines), proc.returncode
+
+
+def result_table(output: str, code: int, wall_s: float, scale: float) -> bl.Table:
+    """Cases per operation from the line the last fuzz test prints, and pytest's verdict."""
+    cases = CASES.search(output)
+    summary = SUMMARY.findall(output)
     counts: dict[str, int] = ast.literal_eval(cases.group(2)) if cases else {}
-    rows = [[operation, count] for operation, count in counts.items()]
     notes = (
-        f"pytest: {summary[-1] if summary else 'no summary'} (exit {done.returncode}); "
-        f"{cases.group(1) if cases else 'unknown'} cases in all, {wall} s."
+        f"pytest: {summary[-1] if summary else 'no summary'} (exit {code}); "
+        f"{cases.group(1) if cases else 'unknown'} cases in all, {wall_s} s."
     )
-    title = f"Cases per operation at {args.scale:g}× the CI counts"
-    table = bl.Table(title, ["operation", "cases"], rows, notes=notes)
-    bl.save_result("fuzz", [table], raw={"exit": done.returncode, "wall_s": wall, "cases": counts})
-    return done.returncode
+    title = f"Cases per operation at {scale:g}× the CI counts"
+    rows = [[k, v] for k, v in counts.items()]
+    return bl.Table(title, ["operation", "cases"], rows, notes=notes)
 
 
 if __name__ == "__main__":
