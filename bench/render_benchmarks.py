@@ -194,7 +194,7 @@ def cell(value: Any) -> str:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    text = f"{value:,}" if isinstance(value, int) and abs(value) >= 10000 else str(value)
+    text = f"{value:,}" if isinstance(value, int) else str(value)
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -208,9 +208,9 @@ def load_text(load: Mapping[str, Any]) -> str:
     """The 1-minute load average at start and end, and what was noted about the machine."""
     start, end, note = load.get("start"), load.get("end"), load.get("note") or ""
     parts = []
-    if start or end:
-        one = [f"{x[0]:.2f}" if x else "?" for x in (start, end)]
-        parts.append(f"{one[0]} at start, {one[1]} at end")
+    measured = [f"{x[0]:.2f} at {when}" for x, when in ((start, "start"), (end, "end")) if x]
+    if measured:
+        parts.append(", ".join(measured))
     if note:
         parts.append(note)
     return "; ".join(parts) or "not recorded"

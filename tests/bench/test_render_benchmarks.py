@@ -140,3 +140,19 @@ def test_every_section_names_a_make_target_that_exists() -> None:
     for section in rb.SECTIONS:
         target = section.target.split()[0]
         assert f"\n{target}:" in makefile, target
+
+
+@pytest.mark.parametrize(
+    ("load", "shown"),
+    [
+        ({"start": [0.75, 0.7, 0.6], "end": [1.5, 1, 1]}, "0.75 at start, 1.50 at end"),
+        (
+            {"start": None, "end": [2.58], "note": "noted at the end"},
+            "2.58 at end; noted at the end",
+        ),
+        ({"note": "a crushed machine"}, "a crushed machine"),
+        ({}, "not recorded"),
+    ],
+)
+def test_load_says_what_was_measured_and_what_was_noted(load: dict[str, Any], shown: str) -> None:
+    assert rb.load_text(load) == shown
