@@ -30,7 +30,7 @@ OUTPUT = ROOT / "BENCHMARKS.md"
 class Section:
     name: str  # the envelope's name: bench/results/<name>.json
     title: str
-    target: str  # the make target that runs it
+    target: str  # the make target that runs it ("" when no target does)
     what: str
 
 
@@ -252,9 +252,9 @@ def render_section(section: Section, doc: Mapping[str, Any] | None) -> str:
     head = f"## {section.title}\n\n{section.what}"
     if doc is None:
         return f"{head}\n\nNo result yet: run `make {section.target}`."
+    target = f" (`make {section.target}`)" if section.target else ""
     facts = [
-        f"- Run: {date_text(doc)}, commit `{doc.get('commit', 'unknown')}`"
-        f" (`make {section.target}`)",
+        f"- Run: {date_text(doc)}, commit `{doc.get('commit', 'unknown')}`{target}",
         f"- Machine: {machine_text(doc.get('machine', {}))}",
         f"- Load: {load_text(doc.get('load', {}))}",
         f"- Command: `{doc['command']}`",
@@ -271,7 +271,7 @@ def render(envelopes: Mapping[str, Mapping[str, Any]]) -> str:
     result this script has no section for (so nothing measured is left off)."""
     known = {s.name for s in SECTIONS}
     extra = [
-        Section(name, name, "bench", "A result with no section of its own yet.")
+        Section(name, name, "", "A result with no section of its own on this page yet.")
         for name in sorted(envelopes)
         if name not in known
     ]

@@ -156,3 +156,14 @@ def test_every_section_names_a_make_target_that_exists() -> None:
 )
 def test_load_says_what_was_measured_and_what_was_noted(load: dict[str, Any], shown: str) -> None:
     assert rb.load_text(load) == shown
+
+
+def test_make_bench_runs_every_section_s_target_then_renders_the_page() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    benches = next(line for line in makefile.splitlines() if line.startswith("BENCHES ="))
+    listed = set(benches.split("=", 1)[1].split())
+    in_bench = {s.target for s in rb.SECTIONS if not s.target.startswith("soak")}
+    assert in_bench <= listed, in_bench - listed
+    recipe = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    assert recipe.index("$(BENCHES)") < recipe.index("bench-report")
+    assert "render_benchmarks.py" in makefile.split("\nbench-report:", 1)[1].split("\n\n", 1)[0]
