@@ -352,15 +352,20 @@ def machine() -> dict[str, Any]:
     }
 
 
+_NOT_CODE = (":!bench/results", ":!BENCHMARKS.md")
+
+
 def git_commit() -> str:
-    """The short commit of the checkout, ``+dirty`` when files differ from it."""
+    """The short commit of the checkout, ``+dirty`` when its code differs from it (the
+    results and the page, which a run of ``make bench`` rewrites as it goes, do not count)."""
 
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
         return out.stdout.strip() if out.returncode == 0 else ""
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *_NOT_CODE)
+    return commit + ("+dirty" if changed else "")
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
@@ -395,8 +400,8 @@ def envelope(
         "command": command or command_line(),
         "machine": machine(),
         "load": {
-            "start": list(load_start if load_start is not None else _LOAD_AT_START),
-            "end": list(load_end if load_end is not None else os.getloadavg()),
+            "start": [round(x, 2) for x in (load_start or _LOAD_AT_START)],
+            "end": [round(x, 2) for x in (load_end or os.getloadavg())],
         },
         "tables": [asdict(t) for t in tables],
         "raw": raw,

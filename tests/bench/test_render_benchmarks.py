@@ -167,3 +167,15 @@ def test_make_bench_runs_every_section_s_target_then_renders_the_page() -> None:
     recipe = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0]
     assert recipe.index("$(BENCHES)") < recipe.index("bench-report")
     assert "render_benchmarks.py" in makefile.split("\nbench-report:", 1)[1].split("\n\n", 1)[0]
+
+
+def test_rewritten_results_do_not_make_the_commit_dirty(tmp_path: Path) -> None:
+    """A run of make bench rewrites bench/results/ and the page as it goes; the commit of
+    the next benchmark is still the code's."""
+    page = rb.OUTPUT.read_text(encoding="utf-8")
+    before = bl.git_commit()
+    try:
+        rb.OUTPUT.write_text(page + "\nedited\n", encoding="utf-8")
+        assert bl.git_commit() == before
+    finally:
+        rb.OUTPUT.write_text(page, encoding="utf-8")
