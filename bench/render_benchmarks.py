@@ -175,6 +175,10 @@ not edit it by hand; older runs are kept as JSON in `bench/results/history/`.
 - **Every section says where it ran**: the machine, the date, the commit, the 1-minute
   load average at the start and end of the run (or the machine's state as it was noted
   at the time, for runs made before results carried it), and the command of each table.
+
+The targets, the CPU layout and the peers' set-up are in
+[Benchmark method and targets](docs/decisions/benchmark-method.md); how this page is
+made, in [the benchmarks page is generated](docs/decisions/benchmarks-page-generated.md).
 """
 
 

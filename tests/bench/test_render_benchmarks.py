@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import benchlib as bl  # noqa: E402
 import render_benchmarks as rb  # noqa: E402
 
-from tests.docs.test_docs_stand_alone import citations  # noqa: E402
+from tests.docs.test_docs_stand_alone import citations, relative_links  # noqa: E402
 
 
 def _tables() -> list[bl.Table]:
@@ -179,3 +179,9 @@ def test_rewritten_results_do_not_make_the_commit_dirty(tmp_path: Path) -> None:
         assert bl.git_commit() == before
     finally:
         rb.OUTPUT.write_text(page, encoding="utf-8")
+
+
+def test_the_page_s_links_resolve() -> None:
+    page = rb.render({})
+    links = relative_links(page)
+    assert links and all((ROOT / t).is_file() for t in links), links
