@@ -21,7 +21,7 @@ from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamErrorDetail
 from ncap.providers.translate import Answer, Reply, Sent
 from ncap.providers.transport import parse_retry_after
-from ncap.streaming.sse import EventSplitter
+from ncap.streaming.sse import EventSplitter, StreamPiece
 
 __all__ = [
     "AzureTranslator",
@@ -47,7 +47,9 @@ class PassThroughStream(EventSplitter):
         super().__init__()
         self.provider_request_id = provider_request_id
 
-    events = EventSplitter.feed
+    def events(self, data: bytes) -> StreamPiece | None:
+        """The body's next read in, its whole events out (``EventSplitter.feed``)."""
+        return self.feed(data)
 
 
 class OpenAITranslator:
