@@ -43,7 +43,7 @@ _FINISH: dict[str, FinishReason] = {
 
 
 def decode_message(payload: bytes) -> a.Message:
-    """The 200 answer; ``msgspec`` errors surface to the adapter as a protocol failure."""
+    """The 200 answer (the translator turns a ``msgspec`` error into a protocol failure)."""
     return _decode_message(payload)
 
 

@@ -67,7 +67,7 @@ def to_gemini_request(
 
     ``replay_signature`` is set on replayed function calls that carry no thought
     signature of their own: Gemini 3 refuses such a history, and Google documents the
-    sentinel ``skip_thought_signature_validator`` for it (the adapter passes it for
+    sentinel ``skip_thought_signature_validator`` for it (``GeminiTranslator`` passes it for
     Gemini 3 models). Raises ``InvalidValue`` (400, ``param`` naming the field) for what
     Gemini cannot honour."""
     _refuse_unsupported(req)

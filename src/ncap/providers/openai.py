@@ -12,7 +12,6 @@ stream's reads into events.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -25,7 +24,7 @@ from ncap.providers.base import CLIENT_REQUEST_ID, AttemptFailed, RequestKind, U
 from ncap.providers.credentials import route_headers
 from ncap.providers.kinds import translator_for
 from ncap.providers.openai_passthrough import OpenAITranslator, PassThroughStream
-from ncap.providers.translate import Reply
+from ncap.providers.translate import Reply, random_id
 from ncap.providers.transport import (
     HttpTransport,
     ReadGapWatch,
@@ -38,6 +37,7 @@ from ncap.streaming.sse import MalformedEvent, StreamPiece
 __all__ = ["OpenAIProvider"]
 
 log = logging.getLogger("ncap.providers.openai")
+_IN_BODY = ""  # the model: the routed body names it, and the answer the upstream's own
 _PATHS: tuple[tuple[RequestKind, str], ...] = (
     ("chat", "chat/completions"),
     ("completions", "completions"),
@@ -86,7 +86,7 @@ class OpenAIProvider:
     ) -> UpstreamResult:
         transport = self._transports[kind]
         limit = answer_limit(body, self._max_answer)
-        data = self._translator.request(body, kind, model="").data
+        data = self._translator.request(body, kind, model=_IN_BODY).data
         payload, headers = await transport.post(
             data, timeout=timeout, limit=limit, headers=_attempt_headers()
         )
@@ -98,7 +98,7 @@ class OpenAIProvider:
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         transport = self._transports[kind]
-        data = self._translator.request(body, kind, model="").data
+        data = self._translator.request(body, kind, model=_IN_BODY).data
         async with transport.open(data, timeout=timeout, headers=_attempt_headers()) as resp:
             events = self._translator.stream(_reply(transport, resp.headers), None)
             limit = answer_limit(body, self._max_answer)
@@ -114,14 +114,10 @@ def _reply(transport: HttpTransport, headers: Mapping[str, str]) -> Reply:
         headers=headers,
         request_id=transport.request_id(headers),
         created=int(time.time()),
-        model="",  # the pass-through relays the upstream's own
+        model=_IN_BODY,
         scrub_id=transport.scrub_id,
-        spare_id=_spare_id,
+        spare_id=random_id,
     )
-
-
-def _spare_id() -> str:
-    return secrets.token_hex(12)
 
 
 def _attempt_headers() -> dict[str, str] | None:

@@ -20,6 +20,7 @@ only does the HTTP and scrubs the route's secrets from what it relays.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -28,7 +29,7 @@ from ncap.protocol.responses import ResponseSummary
 from ncap.providers.base import AttemptFailed, RequestKind
 from ncap.streaming.sse import StreamPiece
 
-__all__ = ["Answer", "Reply", "Sent", "StreamTranslator", "Translator"]
+__all__ = ["Answer", "Reply", "Sent", "StreamTranslator", "Translator", "random_id"]
 
 S = TypeVar("S")
 S_contra = TypeVar("S_contra", contravariant=True)
@@ -104,3 +105,8 @@ class Translator(Protocol[S_contra]):
     def error(self, status: int, headers: Mapping[str, str], payload: bytes) -> AttemptFailed:
         """Error in: a non-200 answer as the facts the failure table reads."""
         ...
+
+
+def random_id() -> str:
+    """A ``Reply.spare_id``: random, so made by the adapter, never by a translator."""
+    return secrets.token_hex(12)

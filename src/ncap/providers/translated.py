@@ -13,7 +13,6 @@ only its ``Endpoint``: where to post, its headers, where its request id is.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -23,7 +22,7 @@ from typing import Any
 from ncap.config import HttpRoute
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
 from ncap.providers.kinds import translator_for
-from ncap.providers.translate import Reply, StreamTranslator
+from ncap.providers.translate import Reply, StreamTranslator, random_id
 from ncap.providers.transport import HttpTransport, answer_limit, bounded, mapped
 from ncap.streaming.sse import StreamPiece
 from ncap.streaming.sse_data import iter_data
@@ -101,13 +100,9 @@ class TranslatedProvider:
             created=int(time.time()),
             model=self.model,
             scrub_id=self._transport.scrub_id,
-            spare_id=_spare_id,
+            spare_id=random_id,
             first_event=first,
         )
-
-
-def _spare_id() -> str:
-    return secrets.token_hex(12)
 
 
 async def _scrubbed(
