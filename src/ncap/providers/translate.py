@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
 
 from ncap.protocol.responses import ResponseSummary
 from ncap.providers.base import AttemptFailed, RequestKind
@@ -35,8 +36,11 @@ S = TypeVar("S")
 S_contra = TypeVar("S_contra", contravariant=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Sent(Generic[S]):
+# Sent, Reply and Answer are built on every request: msgspec's frozen structs are built
+# in C, about ten times faster than frozen dataclasses.
+
+
+class Sent(msgspec.Struct, Generic[S], frozen=True):
     """A request as it goes upstream: its bytes, and what reading the answer needs to
     know of it (Anthropic's forced ``response_format`` tool; None for most pairs)."""
 
@@ -44,8 +48,7 @@ class Sent(Generic[S]):
     shape: S
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(msgspec.Struct, frozen=True):
     """What the adapter knows of an answer besides its body: its head, and the values
     a pure translator may not make itself (the clock, a random id)."""
 
@@ -58,8 +61,7 @@ class Reply:
     first_event: bytes | None = None  # a stream's first event data, read before handover
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(msgspec.Struct, frozen=True):
     """A whole answer in OpenAI's terms: the bytes to relay and what they say."""
 
     body: bytes
