@@ -76,23 +76,8 @@ def usage_of(usage: a.AnthropicUsage | None) -> Usage | None:
 def to_chat_completion(
     msg: a.Message, *, completion_id: str, created: int, model: str, shape: Shape
 ) -> ChatCompletion:
-    text: list[str] = []
-    calls: list[ToolCall] = []
-    for block in msg.content:
-        if block.type == "text" and block.text is not None:
-            text.append(block.text)
-        elif block.type == "tool_use" and block.name == shape.json_tool:
-            text.append(json.dumps(block.input, separators=(",", ":")))
-        elif block.type == "tool_use":
-            arguments = json.dumps(block.input or {}, separators=(",", ":"))
-            calls.append(
-                ToolCall(
-                    id=block.id or f"call_{len(calls)}",
-                    type="function",
-                    function=FunctionCall(name=block.name or "", arguments=arguments),
-                )
-            )
-    content = "".join(text) if text or not calls else None
+    """One ``chat.completion`` of one choice (Messages answers one candidate)."""
+    content, calls = _message(msg, shape)
     choice = Choice(
         finish_reason=finish_reason(msg.stop_reason, shape),
         index=0,
@@ -106,4 +91,28 @@ def to_chat_completion(
         created=created,
         model=msg.model or model,
         usage=UNSET if usage is None else usage,
+    )
+
+
+def _message(msg: a.Message, shape: Shape) -> tuple[str | None, list[ToolCall]]:
+    """The text (the forced ``response_format`` tool's input among it, as JSON) and the
+    client's tool calls; no text at all only when there are calls."""
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    for block in msg.content:
+        if block.type == "text" and block.text is not None:
+            text.append(block.text)
+        elif block.type == "tool_use" and block.name == shape.json_tool:
+            text.append(json.dumps(block.input, separators=(",", ":")))
+        elif block.type == "tool_use":
+            calls.append(_tool_call(block, len(calls)))
+    return ("".join(text) if text or not calls else None), calls
+
+
+def _tool_call(block: a.ContentBlock, k: int) -> ToolCall:
+    arguments = json.dumps(block.input or {}, separators=(",", ":"))
+    return ToolCall(
+        id=block.id or f"call_{k}",
+        type="function",
+        function=FunctionCall(name=block.name or "", arguments=arguments),
     )
