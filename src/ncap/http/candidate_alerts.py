@@ -36,7 +36,7 @@ from ncap.config import Config
 from ncap.http.alerts import Webhook, finish
 from ncap.lifecycle import Attempt, Plan
 from ncap.metrics import Metrics
-from ncap.stores.admin import AdminStore, BudgetAlertRow
+from ncap.stores.ports import AdminStore, BudgetAlertRow
 
 __all__ = ["CandidateWatch", "candidate_alert_text"]
 

@@ -1,5 +1,5 @@
-"""What the report reads from the admin tables beside the ledger (``stores/sqlite/migrations/0006_admin.sql``):
-budget alerts fired in the window (shown in the report's alerts, ``source="budget"``)
+"""What the report reads from the admin tables beside the ledger (revision 6 of each
+backend's ``migrations/``): budget alerts fired in the window (shown in the report's alerts, ``source="budget"``)
 and the exceptions the admin API created (their usage belongs in the exceptions
 section as much as the config's). Portable SQL; a ledger without the tables (one the
 gateway never opened, or a PostgreSQL ledger before its migration) has neither.
