@@ -1,8 +1,9 @@
 """What the report reads from the admin tables beside the ledger (revision 6 of each
-backend's ``migrations/``): budget alerts fired in the window (shown in the report's alerts, ``source="budget"``)
-and the exceptions the admin API created (their usage belongs in the exceptions
-section as much as the config's). Portable SQL; a ledger without the tables (one the
-gateway never opened, or a PostgreSQL ledger before its migration) has neither.
+backend's ``migrations/``): budget alerts fired in the window (shown in the report's
+alerts, ``source="budget"``) and the exceptions the admin API created (their usage
+belongs in the exceptions section as much as the config's). Portable SQL; a ledger
+without the tables (one the gateway never opened, or a PostgreSQL ledger before its
+migration) has neither.
 """
 
 from __future__ import annotations
