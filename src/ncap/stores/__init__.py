@@ -154,13 +154,13 @@ class Stores:
     shared: bool  # other processes may write the ledger (admin tables re-read)
     backends: dict[str, str]  # "ledger"/"budgets" -> backend name (``/readyz``)
     _ledger_url: str = field(repr=False)
-    _prepare: BudgetSide = field(repr=False)
+    _budget_side: BudgetSide = field(repr=False)
 
     async def prepare(self, workloads: Iterable[str]) -> None:
         """Before serving: budgets that keep counters apart from the ledger (Redis) warn
         about settings that lose them and make them whole."""
-        if self._prepare.prepare is not None:
-            await self._prepare.prepare(workloads, _warn)
+        if self._budget_side.prepare is not None:
+            await self._budget_side.prepare(workloads, _warn)
 
     def report_source(self) -> LedgerSource:
         """A new read-only source on the ledger, for one report."""
@@ -193,7 +193,7 @@ def open_stores(ledger_url: str, budgets_url: str, options: StoreOptions) -> Sto
         shared=ledger_backend.shared,
         backends={"ledger": ledger_backend.name, "budgets": _backend(budgets_url, "budgets").name},
         _ledger_url=ledger_url,
-        _prepare=budget_side,
+        _budget_side=budget_side,
     )
 
 
