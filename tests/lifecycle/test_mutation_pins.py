@@ -26,9 +26,9 @@ from ncap.errors import (
 )
 from ncap.lifecycle import Caller, attempts
 from ncap.lifecycle.asked import candidate_param
+from ncap.lifecycle.attempt_report import Tally, summed_usage
 from ncap.lifecycle.failures import as_failure, client_error, ledger_outcome
 from ncap.lifecycle.plan import RouteRuntime
-from ncap.lifecycle.reports import Tally, summed_usage
 from ncap.lifecycle.settle import Deferred, _Steps, _whole_need
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest

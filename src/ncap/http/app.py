@@ -23,7 +23,6 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config, Route
 from ncap.domain.grants import Grants, key_id
@@ -39,6 +38,7 @@ from ncap.errors import (
 from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
+from ncap.http.inflight import InFlightLimit
 from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
@@ -71,7 +71,7 @@ log = logging.getLogger("ncap.http")
 _encode = msgspec.json.Encoder().encode
 
 GATEWAY = web.AppKey("gateway", Gateway)
-ADMISSION = web.AppKey("admission", Admission)
+IN_FLIGHT = web.AppKey("in_flight", InFlightLimit)
 CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 METRICS = web.AppKey("metrics", Metrics)
@@ -287,8 +287,8 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
         if retries is not None:
             caller = dataclasses.replace(caller, client_retry_count=retries)
         signals.caller(request_id, caller)
-        admission = app[ADMISSION]
-        admission.enter()
+        in_flight = app[IN_FLIGHT]
+        in_flight.enter()
         try:
             limits = app[CONFIG].limits
             raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
@@ -300,7 +300,7 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
                 reply = await gateway.completions(raw, caller, request_id)
             return await _write(request, reply, request_id)
         finally:
-            admission.leave()
+            in_flight.leave()
     except BaseException as exc:
         signals.responded(request_id, *_status_of(exc))
         signals.end(request_id)  # a no-op when the answer already ended it
@@ -604,7 +604,7 @@ def create_app(
     app[ACCOUNTING] = accounting
     app[PEERS] = peers
     app[METRICS] = metrics_
-    app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
+    app[IN_FLIGHT] = InFlightLimit(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
     app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()

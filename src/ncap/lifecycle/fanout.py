@@ -21,12 +21,12 @@ import msgspec
 
 from ncap.domain.evidence import Evidence
 from ncap.errors import NcapError, UpstreamError
+from ncap.lifecycle.attempt_report import Tally, answered_report, stream_report, summed_usage
 from ncap.lifecycle.attempts import Attempts, StreamOpen
 from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.failures import client_error
 from ncap.lifecycle.plan import Attempt, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import error_event
-from ncap.lifecycle.reports import Tally, answered_report, stream_report, summed_usage
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, UpstreamResult
 from ncap.stores.base import Hold

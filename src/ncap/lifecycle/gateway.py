@@ -18,13 +18,13 @@ import msgspec
 from ncap.config import Config
 from ncap.errors import InvalidValue, ModelNotFound, NcapError, UnknownParameter
 from ncap.lifecycle.admit import Admitter
+from ncap.lifecycle.attempt_report import answered_report
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.fanout import FanOut
 from ncap.lifecycle.idempotency import Idempotency, IdempotentRequest
 from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import relay
-from ncap.lifecycle.reports import answered_report
 from ncap.lifecycle.settle import Accounting
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest
