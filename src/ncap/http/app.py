@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -45,7 +45,7 @@ from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedPr
 from ncap.http.openapi import add_openapi_route
 from ncap.http.signals import RequestSignals
 from ncap.http.telemetry import telemetry_for
-from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
+from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime, Settlement
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers import capabilities_of, provider_for
@@ -74,6 +74,7 @@ GATEWAY = web.AppKey("gateway", Gateway)
 IN_FLIGHT = web.AppKey("in_flight", InFlightLimit)
 CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
+SETTLEMENT = web.AppKey("settlement", Settlement)
 METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
 GAUGES = web.AppKey("gauges", StoreGauges)
@@ -88,55 +89,6 @@ class _NoStats:
 
 
 _NO_STATS = _NoStats()
-
-
-class Background:
-    """Settlements that run after their answer was sent, batched per short tick.
-
-    Each finished request queues its settlement; the first one of a tick schedules a
-    flush ``tick_s`` later, which runs the whole batch in one task. The answer never
-    waits, the next request on a keep-alive connection is not queued behind the
-    bookkeeping of the previous one, and under load one task serves many settlements.
-    Every batch is referenced until done, failures are logged (without content) and
-    counted, and ``drain`` flushes and awaits everything before the stores close.
-    """
-
-    def __init__(self, metrics: Metrics, tick_s: float = 0.002) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._queued: list[Coroutine[Any, Any, None]] = []
-        self._flush: asyncio.TimerHandle | None = None
-        self._metrics = metrics
-        self._tick_s = tick_s
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        self._queued.append(coro)
-        if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(self._tick_s, self._start)
-
-    def _start(self) -> None:
-        self._flush = None
-        batch, self._queued = self._queued, []
-        task = asyncio.create_task(self._run(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, batch: list[Coroutine[Any, Any, None]]) -> None:
-        # concurrently: their ledger writes then share the stores' group commits
-        results = await asyncio.gather(*batch, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                self._metrics.bookkeeping_failures.inc()
-                log.error("settlement failed: %s", type(result).__name__)
-
-    async def drain(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-            self._start()
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-BACKGROUND = web.AppKey("background", Background)
 
 
 class RequestIds:
@@ -361,25 +313,13 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
 
 
 async def _write_body(request: web.Request, reply: Reply) -> web.StreamResponse:
-    """The bookkeeping runs beside the answer, so a keep-alive connection's next request
-    does not wait for it; the app tracks it and drains it on shutdown."""
+    """A whole answer whose settlement the lifecycle runs beside it (``settling``) has
+    its record ended by the settlement service, once its tokens are known."""
     signals, request_id = request.app[SIGNALS], request[REQUEST_ID]
     signals.responded(request_id, reply.status)
-    if reply.after is not None:
-        request.app[BACKGROUND].spawn(_then_end(reply.after, signals, request_id))
-    else:
+    if not reply.settling:
         signals.end(request_id)
     return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-
-async def _then_end(
-    settle: Coroutine[Any, Any, None], signals: RequestSignals, request_id: str
-) -> None:
-    """The settlement, then the request's access line and span (its tokens now known)."""
-    try:
-        await settle
-    finally:
-        signals.end(request_id)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -577,6 +517,7 @@ def create_app(
     app[GRANTS_SYNC] = _grants_sync(config, admin_store, grants)
     alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider, meter_provider)
+    settlement = app[SETTLEMENT] = Settlement(metrics_, on_request_settled=signals.settled)
     accounting = Accounting(
         config,
         ledger,
@@ -586,6 +527,7 @@ def create_app(
         grants=grants,
         observers=[o for o in (signals, alerter) if o.enabled],
         start_observers=[signals] if signals.telemetry is not None else [],
+        settlement=settlement,
     )
     app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s, grants=grants
@@ -606,7 +548,6 @@ def create_app(
     app[METRICS] = metrics_
     app[IN_FLIGHT] = InFlightLimit(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=idempotency_for(budgets))
-    app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     operations_key = operations_key_from_env(config)
     if operations_key is not None:
@@ -646,7 +587,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     yield
     gauges.cancel()
     await asyncio.gather(gauges, return_exceptions=True)
-    await app[BACKGROUND].drain()
+    await app[SETTLEMENT].drain()  # the answers' settlements, before their observers stop
     await app[ALERTER].drain()
     app[SIGNALS].shutdown()  # the last spans and metrics exported (OTLP)
     await app[GRANTS_SYNC].stop()
@@ -654,7 +595,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await rt.provider.aclose()
     # settlements a store refused are retried until the deadline; what is left stays
     # where recovery finds it: this instance remains registered, as if it had died
-    left = await accounting.finish(app[CONFIG].server.shutdown_retry_s)
+    left = await app[SETTLEMENT].stop(app[CONFIG].server.shutdown_retry_s)
     await peers.stop(leave=left == 0)
     await accounting.close()
     await admin_store.close()

@@ -196,8 +196,8 @@ class Gateway:
         headers["content-type"] = "application/json"
         # settled while the answer is on its way: the attempt's reserved row is already
         # durable, so a crash in between leaves it for recovery (gateway_lost)
-        settle = self.accounting.answered_early(attempt, answered_report(result, evidence))
-        return Reply(200, headers, result.body, after=settle)
+        self.accounting.answered_beside([(attempt, answered_report(result, evidence))])
+        return Reply(200, headers, result.body, settling=True)
 
     async def _stream(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
         async def open_(attempt: Attempt) -> StreamOpen:

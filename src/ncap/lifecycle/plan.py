@@ -7,10 +7,9 @@ rest of the package, so the lifecycle's modules form a tree, not a cycle.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from ncap.config import Route
 from ncap.domain.events import LedgerEvent
@@ -56,8 +55,9 @@ class Reply:
     headers: dict[str, str]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
-    # bookkeeping the http layer awaits once the body is written
-    after: Coroutine[Any, Any, None] | None = None
+    # its settlement was handed to the settlement service, which ends the request's
+    # record (access line, span) once it is done: the HTTP layer does not end it
+    settling: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -44,13 +43,14 @@ from ncap.domain.reservation import Reservation
 from ncap.errors import NcapError, Refusal, StoreUnavailable
 from ncap.lifecycle.failures import classify, ledger_outcome, reported_usage
 from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
+from ncap.lifecycle.settlement import Settlement, Steps
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
 from ncap.redact import bounded_id
 from ncap.stores.base import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
 
-__all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
+__all__ = ["Accounting", "AttemptObserver", "usage_complete"]
 
 log = logging.getLogger("ncap.lifecycle")
 
@@ -94,6 +94,7 @@ class Accounting:
         grants: Grants | None = None,
         observers: Sequence[AttemptObserver] = (),
         start_observers: Sequence[AttemptStartObserver] = (),
+        settlement: Settlement | None = None,
     ) -> None:
         self.config = config
         # exceptions and keys in force (the admin API changes them without a restart)
@@ -107,19 +108,16 @@ class Accounting:
         self.metrics = metrics
         self.clock = clock
         self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
-        self._deferred = Deferred()
+        # where the closed attempts' store writes run (the composition root stops it)
+        self.settlement = settlement or Settlement(metrics)
         # a reservation that is a round trip to another server is sent beside the row
         self.row_beside_reserve = budgets.round_trip
 
     # -- lifecycle of the stores -------------------------------------------------------
 
-    async def finish(self, deadline_s: float) -> int:
-        """At shutdown, before the stores close: retry the settlements a store refused
-        until ``deadline_s``; returns how many are left (for recovery)."""
-        return await self._deferred.close(deadline_s)
-
     async def close(self) -> None:
-        await self._deferred.close()
+        """The stores closed, once the settlement service ran what it still had."""
+        await self.settlement.stop()
         await self.ledger.close()
         await self.budgets.close()
 
@@ -193,7 +191,7 @@ class Accounting:
                 with contextlib.suppress(KeyError):
                     await self.ledger.update(row.request_id, row.attempt, **_VOIDED)
 
-        self._deferred.later(_Steps([step]))
+        self.settlement.later(Steps([step]))
 
     async def void(self, row: LedgerEvent, error: BaseException) -> None:
         """A row written beside a reservation that failed for another reason than policy
@@ -347,30 +345,38 @@ class Accounting:
     async def answered(self, attempt: Attempt, report: AttemptReport) -> None:
         await self._close(attempt, report, "completed")
 
-    def answered_early(self, attempt: Attempt, report: AttemptReport) -> Coroutine[Any, Any, None]:
-        """``answered`` for an answer whose settlement runs beside it, with the hold's
-        settlement *started now*, before the answer goes out: its concurrency slot must
-        be free by the time the client has the answer. A client at ``max_concurrency``
-        sends its next request right away; with the whole settlement on the next
-        2 ms tick, that request found the previous slot still taken (60 % of requests
-        refused at ``max_concurrency: 2`` with 2 clients, in-process budgets). Started
-        as a task, the hold step runs before the loop reads any new request, and it is
-        ahead of it in the store's own queue (the SQLite writer's, the Redis
-        pipeline's), at no cost to the answer's latency. The returned coroutine waits
-        for it and writes the row (the hold first, as always), beside the answer."""
-        closing = self._closing(attempt, report, "completed", None)
-        steps = _Steps([closing.hold_step, closing.row_step])
-        first = asyncio.ensure_future(steps.step())
-        return self._finish_after(first, closing, steps)
+    def answered_beside(self, answered: Sequence[tuple[Attempt, AttemptReport]]) -> None:
+        """Whole answers (one, or a fan-out's branches): the attempts are closed now and
+        their settlement is handed to the settlement service, which runs it beside the
+        answer, holds first: a client at ``max_concurrency`` that sends its next request
+        as soon as it has the answer finds its slot free. The reserved rows are
+        durable already, so a crash in between leaves them for recovery."""
+        closings = [self._closing(a, r, "completed", None) for a, r in answered]
+        request_id = closings[0].attempt.plan.request_id
+        self.settlement.beside_answer(request_id, self._settle_answers(closings))
 
-    async def _finish_after(
-        self, first: asyncio.Future[None], closing: _Closing, steps: _Steps
-    ) -> None:
-        # a failed hold step stays first in ``steps``: ``_finish`` runs it again
-        # (deferred while its store is down) and a failure is reported there
-        with contextlib.suppress(Exception):
-            await first
-        await self._finish(closing, steps)
+    async def answered_together(self, answered: Sequence[tuple[Attempt, AttemptReport]]) -> None:
+        """``answered_beside``, awaited now (a fan-out that fails after some branches
+        answered: they were paid, and are settled before the error goes out)."""
+        await self._settle_answers([self._closing(a, r, "completed", None) for a, r in answered])
+
+    async def _settle_answers(self, closings: list[_Closing]) -> None:
+        """Every hold first, then each row in order; a failing settlement does not keep
+        the others from running (the first failure is raised after them)."""
+        steps = [Steps([c.hold_step, c.row_step]) for c in closings]
+        for first in steps:
+            # a failed hold step stays first in its steps: ``_finish`` runs it again
+            # (deferred while its store is down) and a failure is reported there
+            with contextlib.suppress(Exception):
+                await first.step()
+        failure: Exception | None = None
+        for closing, rest in zip(closings, steps, strict=True):
+            try:
+                await self._finish(closing, rest)
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     async def stream_finished(self, attempt: Attempt, report: AttemptReport) -> None:
         outcome: AttemptOutcome = "completed" if report.cut is None else "stream_cut"
@@ -400,7 +406,7 @@ class Accounting:
     ) -> None:
         closing = self._closing(attempt, report, outcome, upstream_status)
         # the hold first: once the row shows its final state, the budget does too
-        await self._finish(closing, _Steps([closing.hold_step, closing.row_step]))
+        await self._finish(closing, Steps([closing.hold_step, closing.row_step]))
 
     def _closing(
         self,
@@ -427,8 +433,8 @@ class Accounting:
 
         return _Closing(attempt, final, outcome, hold_step, row_step)
 
-    async def _finish(self, closing: _Closing, steps: _Steps) -> None:
-        await self._deferred.run(steps)
+    async def _finish(self, closing: _Closing, steps: Steps) -> None:
+        await self.settlement.run(steps)
         self._observe(closing.attempt, closing.final, closing.outcome)
         self._notify(closing.attempt.plan, closing.attempt, closing.final, closing.outcome)
 
@@ -524,128 +530,6 @@ class _Closing:
     outcome: AttemptOutcome
     hold_step: Callable[[], Awaitable[None]]
     row_step: Callable[[], Awaitable[None]]
-
-
-class _Steps:
-    """A settlement's store writes in order; a retry resumes at the first not done
-    (each is safe to repeat: a settled hold is not settled twice, an update rewrites
-    the same columns)."""
-
-    def __init__(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
-        self._steps = steps
-
-    async def step(self) -> None:
-        """Run the first step not done yet."""
-        if self._steps:
-            await self._steps[0]()
-            self._steps.pop(0)
-
-    async def __call__(self) -> None:
-        while self._steps:
-            await self.step()
-
-
-class Deferred:
-    """Settlements a store refused, retried with backoff until the store is back.
-
-    Without this, a settlement that met a Redis or PostgreSQL outage left its hold
-    active and its row ``reserved`` under a live gateway (whose heartbeat goes on), so
-    nothing ever swept them. At most ``max_pending`` wait (then the store error
-    propagates, as before); one warning when the first is kept, one line when all are
-    applied. The lifecycle does not wait for a kept settlement: the client's answer
-    (or error) does not depend on it.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_pending: int = 10_000,
-        first_delay_s: float = 0.1,
-        max_delay_s: float = 5.0,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self._pending: deque[_Steps] = deque()
-        self._task: asyncio.Task[None] | None = None
-        self._max_pending = max_pending
-        self._delays = (first_delay_s, max_delay_s)
-        self._sleep = sleep
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    def later(self, steps: _Steps) -> None:
-        """Queue writes that must wait for the store to answer again (never refused for
-        the backlog: each stands for a row that would otherwise stay wrong)."""
-        self._pending.append(steps)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._retry())
-
-    async def run(self, steps: _Steps) -> None:
-        if self._pending:  # keep settlements in order behind the ones already waiting
-            self._keep(steps, None)
-            return
-        try:
-            await steps()
-        except StoreUnavailable as exc:
-            self._keep(steps, exc)
-
-    def _keep(self, steps: _Steps, exc: StoreUnavailable | None) -> None:
-        if len(self._pending) >= self._max_pending:
-            raise exc or StoreUnavailable("ledger or budgets", "store", "settlements backlog")
-        if not self._pending and exc is not None:
-            log.warning(
-                "settlement deferred: the %s store (%s) is unavailable (%s); settlements "
-                "are kept and retried until it is back",
-                exc.store,
-                exc.backend,
-                exc.detail,
-            )
-        self._pending.append(steps)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._retry())
-
-    async def _retry(self) -> None:
-        delay, longest = self._delays
-        while self._pending:
-            await self._sleep(delay)
-            try:
-                while self._pending:
-                    await self._pending[0]()
-                    self._pending.popleft()
-            except StoreUnavailable:
-                delay = min(delay * 2, longest)
-        log.warning("deferred settlements applied: the store is back")
-
-    async def close(self, deadline_s: float = 0.0) -> int:
-        """At shutdown: retry (with the same backoff) until ``deadline_s`` has passed;
-        returns how many are left. Their rows stay ``reserved`` and their holds active
-        for recovery to find: the caller keeps the instance registered, so a restart
-        or a peer turns them into ``gateway_lost`` rows and kept holds."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        end = time.monotonic() + deadline_s
-        delay, longest = self._delays
-        while self._pending:
-            try:
-                while self._pending:
-                    await self._pending[0]()
-                    self._pending.popleft()
-            except StoreUnavailable:
-                if time.monotonic() + delay > end:
-                    break
-                await self._sleep(delay)
-                delay = min(delay * 2, longest)
-        if self._pending:
-            log.error(
-                "%d settlements not applied by the shutdown deadline: their rows stay "
-                "reserved for recovery (a restart or a peer marks them gateway_lost)",
-                self.pending,
-            )
-        return self.pending
 
 
 # an attempt whose reserved row could not be written: refused, nothing held
