@@ -26,9 +26,8 @@ from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, reservation_for
 from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
 from ncap.lifecycle.asked import Request, given
-from ncap.lifecycle.plan import Caller, Plan, RouteRuntime, Sampling
+from ncap.lifecycle.plan import Caller, Holds, Plan, RouteRuntime, Sampling
 from ncap.lifecycle.settle import Accounting
-from ncap.stores.base import Hold
 
 __all__ = ["Admitter"]
 
@@ -50,12 +49,12 @@ class Admitter:
         request: Request,
         body: dict[str, Any],
         chain: Sequence[RouteRuntime],
-    ) -> tuple[Plan, dict[int, Hold]]:
+    ) -> tuple[Plan, Holds]:
         now = self.accounting.clock()
         decision = self._decide(caller, request, now)
         m = self.accounting.metrics
         m.child(m.candidates_requested, caller.workload_id).observe(decision.effective)
-        holds: dict[int, Hold] = {}
+        holds = Holds()
         plan: Plan | None = None
         written: LedgerEvent | None = None  # the first row, when written at admission
         try:
@@ -67,7 +66,7 @@ class Admitter:
                 if refused is not None:
                     written = row
                     raise refused
-                plan = replace(plan, first_row=row)
+                holds.first_row = row
             else:
                 for number in range(1, (decision.effective if plan.emulated else 1) + 1):
                     await self.accounting.reserve(plan, holds, number)

@@ -25,11 +25,10 @@ from ncap.lifecycle.attempt_report import Tally, answered_report, stream_report,
 from ncap.lifecycle.attempts import Attempts, StreamOpen
 from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.failures import client_error
-from ncap.lifecycle.plan import Attempt, Plan, Reply, RouteRuntime
+from ncap.lifecycle.plan import Attempt, Holds, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import error_event
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, UpstreamResult
-from ncap.stores.base import Hold
 from ncap.streaming.sse import DONE, StreamPiece, choice_chunks, encode_event
 
 __all__ = ["FanOut", "branch_body", "cache_breakpoint", "primed"]
@@ -47,7 +46,7 @@ class FanOut:
         self.attempts = attempts
 
     async def complete(
-        self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any], rt: RouteRuntime
+        self, plan: Plan, holds: Holds, body: dict[str, Any], rt: RouteRuntime
     ) -> Reply:
         branches = await self._start(plan, holds, rt)
         results = await self._sent(branches, body, rt, self.attempts.call)
@@ -73,7 +72,7 @@ class FanOut:
         return Reply(200, headers, merged, settling=True)
 
     async def stream(
-        self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any], rt: RouteRuntime
+        self, plan: Plan, holds: Holds, body: dict[str, Any], rt: RouteRuntime
     ) -> Reply:
         """k streams opened together (all or nothing before the first byte)."""
         started = await self._start(plan, holds, rt)
@@ -89,7 +88,7 @@ class FanOut:
         headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
         return Reply(200, headers, stream=self._relay(plan, branches))
 
-    async def _start(self, plan: Plan, holds: dict[int, Hold], rt: RouteRuntime) -> list[Attempt]:
+    async def _start(self, plan: Plan, holds: Holds, rt: RouteRuntime) -> list[Attempt]:
         """The k branches' reserved rows, written together so that they share one group
         commit."""
         k = plan.decision.effective

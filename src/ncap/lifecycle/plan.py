@@ -21,7 +21,16 @@ from ncap.providers.base import Provider, RequestKind
 from ncap.providers.kinds import Capabilities, capabilities_of
 from ncap.stores.base import Hold
 
-__all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime", "Sampling"]
+__all__ = [
+    "Attempt",
+    "AttemptReport",
+    "Caller",
+    "Holds",
+    "Plan",
+    "Reply",
+    "RouteRuntime",
+    "Sampling",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +103,6 @@ class Plan:
     # how many of the generated candidates come back (None: all of them)
     kind: RequestKind = "chat"
     returns: int | None = None
-    # the first attempt's ``reserved`` row when admission wrote it beside the
-    # reservation (budgets on another server: ``Accounting.reserve_beside_row``)
-    first_row: LedgerEvent | None = None
     sampling: Sampling = Sampling()
 
     @property
@@ -121,17 +127,29 @@ class Plan:
         }
 
 
+class Holds(dict[int, Hold]):
+    """The request's unsettled holds by attempt number, shared by its attempts: closing
+    an attempt takes its hold out, and whatever is left when the request ends early is
+    released (``Accounting.abandon``). With budgets on another server, admission writes
+    the first attempt's ``reserved`` row beside its hold (``reserve_beside_row``): that
+    row is kept here for the first attempt, not on the frozen plan."""
+
+    __slots__ = ("first_row",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_row: LedgerEvent | None = None
+
+
 @dataclass(slots=True, eq=False)
 class Attempt:
     """One try of one route: started (its reserved row durable), then closed exactly
     once as answered, failed or stream-finished (``ncap.lifecycle.settle``).
 
-    ``holds`` is the request's registry of unsettled holds, shared by its attempts:
-    closing an attempt takes its hold out, and whatever is left when the request ends
-    early is released (``Settler.abandon``)."""
+    ``holds`` is the request's registry of unsettled holds (``Holds``)."""
 
     plan: Plan
-    holds: dict[int, Hold]
+    holds: Holds
     number: int
     route: RouteRuntime
     hold: Hold | None

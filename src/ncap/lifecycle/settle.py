@@ -42,7 +42,7 @@ from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
 from ncap.errors import NcapError, Refusal, StoreUnavailable
 from ncap.lifecycle.failures import classify, ledger_outcome, reported_usage
-from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
+from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Holds, Plan, RouteRuntime
 from ncap.lifecycle.settlement import Settlement, Steps
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
@@ -143,7 +143,7 @@ class Accounting:
 
     # -- holds -------------------------------------------------------------------------
 
-    async def reserve(self, plan: Plan, holds: dict[int, Hold], number: int) -> None:
+    async def reserve(self, plan: Plan, holds: Holds, number: int) -> None:
         size = plan.attempt_reservation
         holds[number] = await self.budgets.reserve(
             plan.caller.workload_id,
@@ -156,7 +156,7 @@ class Accounting:
         self.metrics.reservations_outstanding.inc()
 
     async def reserve_beside_row(
-        self, plan: Plan, holds: dict[int, Hold]
+        self, plan: Plan, holds: Holds
     ) -> tuple[LedgerEvent, BaseException | None]:
         """The first attempt's hold and its ``reserved`` row, sent together: with budgets
         on Redis and the ledger on PostgreSQL (or SQLite) the two round trips overlap
@@ -218,7 +218,7 @@ class Accounting:
             if isinstance(exc, StoreUnavailable):
                 self.void_later(row)  # closed once the ledger answers again
 
-    async def abandon(self, holds: dict[int, Hold]) -> None:
+    async def abandon(self, holds: Holds) -> None:
         """Release the holds no dispatched attempt is using (the request ended early)."""
         while holds:
             _, hold = holds.popitem()
@@ -318,13 +318,11 @@ class Accounting:
 
     # -- one attempt: begun, then closed exactly once ---------------------------------
 
-    async def begin(
-        self, plan: Plan, holds: dict[int, Hold], number: int, rt: RouteRuntime
-    ) -> Attempt:
+    async def begin(self, plan: Plan, holds: Holds, number: int, rt: RouteRuntime) -> Attempt:
         """Write the attempt's reserved row (the first attempt's may be written already,
         beside its reservation); every attempt after the first needs a reservation of
         its own (the previous one was settled, kept or released)."""
-        row = plan.first_row
+        row = holds.first_row
         if number != 1 or row is None or row.route_id != rt.id:
             if number not in holds:
                 await self.reserve(plan, holds, number)
