@@ -202,7 +202,13 @@ async def test_an_attempt_is_closed_exactly_once(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))})
     accounting = h.gateway.accounting
     body, request = parse_chat_request(b'{"model":"m","messages":[{"role":"user","content":"x"}]}')
-    admitter = Admitter(h.gateway.config, accounting)
+    admitter = Admitter(
+        h.gateway.config,
+        accounting,
+        grants=accounting.grants,
+        metrics=accounting.metrics,
+        clock=accounting.clock,
+    )
     plan, holds = await admitter.admit("req-2", CALLER, request, body, [h.gateway.routes["a"]])
     attempt = await accounting.begin(plan, holds, 1, plan.usable_routes[0])
     await accounting.failed(attempt, AttemptFailed("timeout"))

@@ -28,8 +28,8 @@ from ncap.lifecycle import Caller, attempts
 from ncap.lifecycle.asked import candidate_param
 from ncap.lifecycle.attempt_report import Tally, summed_usage
 from ncap.lifecycle.failures import as_failure, client_error, ledger_outcome
+from ncap.lifecycle.final_row import _whole_need
 from ncap.lifecycle.plan import RouteRuntime
-from ncap.lifecycle.settle import _whole_need
 from ncap.lifecycle.settlement import Deferred, Steps
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest

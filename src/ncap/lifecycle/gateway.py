@@ -58,7 +58,13 @@ class Gateway:
         self.config = config
         self.routes = routes
         self.accounting = accounting
-        self._admitter = Admitter(config, accounting)
+        self._admitter = Admitter(
+            config,
+            accounting,
+            grants=accounting.grants,
+            metrics=accounting.metrics,
+            clock=accounting.clock,
+        )
         self._attempts = Attempts(accounting, sleep)
         self._fan_out = FanOut(accounting, self._attempts)
         self._idempotency = None
@@ -135,7 +141,7 @@ class Gateway:
             if exc.param in MULTI_CANDIDATE_FIELDS:
                 body = msgspec.json.decode(raw)  # decoded once already: a JSON object
                 chain = self._allowed_chain(body.get("model"), caller)
-                await self._admitter.refuse_field(request_id, caller, body, exc.param, chain)
+                await self.accounting.deny_field(request_id, caller, body, exc.param, chain)
             raise
         if isinstance(request, ChatCompletionRequest):  # a legacy prompt has no messages
             check_message_count(request.messages, self.config.limits.max_messages)

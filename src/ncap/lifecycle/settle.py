@@ -32,25 +32,26 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ncap.config import Config, ExceptionGrant, Pricing
+from ncap.config import Config, ExceptionGrant
 from ncap.domain.budget import Amounts, BudgetWindows
-from ncap.domain.events import LEDGER_INT_MAX, AttemptOutcome, EventState, LedgerEvent, settle
-from ncap.domain.evidence import Evidence
+from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent
 from ncap.domain.grants import Grants
-from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
-from ncap.domain.reservation import Reservation
-from ncap.errors import NcapError, Refusal, StoreUnavailable
+from ncap.errors import NcapError, StoreUnavailable
 from ncap.lifecycle.failures import classify, ledger_outcome, reported_usage
+from ncap.lifecycle.final_row import (
+    NOTHING_GENERATED,
+    candidate_count,
+    denied_columns,
+    final_columns,
+)
 from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Holds, Plan, RouteRuntime
 from ncap.lifecycle.settlement import Settlement, Steps
 from ncap.metrics import Metrics
-from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
-from ncap.redact import bounded_id
 from ncap.stores.base import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
 
-__all__ = ["Accounting", "AttemptObserver", "usage_complete"]
+__all__ = ["Accounting", "AttemptObserver"]
 
 log = logging.getLogger("ncap.lifecycle")
 
@@ -71,9 +72,6 @@ class AttemptStartObserver(Protocol):
 
 
 log = logging.getLogger("ncap.lifecycle")
-
-# outcomes that generated nothing: settled at zero, the hold released
-_NOTHING_GENERATED: tuple[AttemptOutcome, ...] = ("rejected", "unbilled_error")
 
 
 class Accounting:
@@ -257,7 +255,7 @@ class Accounting:
             policy_reason=str(error.code),
             reserved_cost_micros=0,
             quota_scope=self.budgets.quota_scope,
-            **_denied_columns(error.refusal, plan),
+            **denied_columns(error.refusal, plan),
         )
         await self.record_denial(event, plan, written=written is not None)
 
@@ -289,6 +287,48 @@ class Accounting:
         if plan is not None:  # a refused field has no plan: nothing to observe
             final = {"state": "denied", "policy_reason": reason, "denied_by": event.denied_by}
             self._notify(plan, None, final, "denied")
+
+    async def deny_field(
+        self,
+        request_id: str,
+        caller: Caller,
+        body: Mapping[str, Any],
+        field: str,
+        chain: Sequence[RouteRuntime],
+    ) -> None:
+        """The denial row of a body refused for an unknown field that could ask for
+        several choices (``best_of``, ``candidate_count``, …): the operator's search for
+        such callers is one ledger query. Nothing the client wrote is recorded beyond
+        the field's name (from a fixed set), an alias the config knows and ``n``."""
+        primary = chain[0] if chain else None
+        alias = str(body["model"]) if primary else None
+        requested = candidate_count(body.get("n"))
+        event = LedgerEvent(
+            timestamp=self.clock(),
+            request_id=request_id,
+            attempt=0,
+            workload_id=caller.workload_id,
+            environment=caller.environment,
+            route_id=primary.id if primary else None,
+            model_alias=alias,
+            upstream_model=(primary.route.upstream_model or alias) if primary else None,
+            requested_candidate_count=requested,
+            effective_candidate_count=requested or 1,
+            stream_mode=body.get("stream") is True,
+            quota_scope=self.quota_scope,
+            policy_result="deny",
+            policy_reason="unknown_multi_candidate_field",
+            state="denied",
+            gateway_instance=self.instance,
+            denied_by=field,
+            client_retry_count=caller.client_retry_count,
+        )
+        await self.record_denial(event)
+
+    @property
+    def quota_scope(self) -> str:
+        """Where the budget counters live (every row records it)."""
+        return self.budgets.quota_scope
 
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
         d, r = plan.decision, plan.attempt_reservation
@@ -417,7 +457,7 @@ class Accounting:
         if attempt.closed:
             raise RuntimeError(f"attempt {attempt.number} closed twice")
         attempt.closed = True
-        final, keeps = self._final(attempt, report, outcome)
+        final, keeps = final_columns(attempt, report, outcome, now=time.monotonic())
         if upstream_status is not None:
             final["upstream_status"] = upstream_status
         hold = attempt.holds.pop(attempt.number, None)
@@ -447,48 +487,12 @@ class Accounting:
             except Exception as exc:  # an observer's bug must not lose a settlement
                 log.error("attempt observer failed: %s", type(exc).__name__)
 
-    def _final(
-        self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
-    ) -> tuple[dict[str, Any], bool]:
-        """The row's final columns (docs/ledger.md) from what the attempt reported, and whether
-        its hold stays reserved."""
-        usage, rejected = report.usage, outcome in _NOTHING_GENERATED
-        settlement = settle(
-            effective_n=attempt.plan.expected_returned,
-            returned_n=0 if rejected else report.returned,
-            usage_present=usage_complete(usage),
-            stream=report.stream,
-            outcome=outcome,
-        )
-        if rejected and usage_complete(usage):
-            final = _usage_fields(usage, attempt.route.route.pricing)  # what it reported
-        elif rejected:
-            final = dict(_NOTHING_USED)
-        elif settlement.state == "settled":
-            final = _usage_fields(usage, attempt.route.route.pricing)
-            final["output_tokens_per_choice"] = _per_choice(attempt, report)
-        else:
-            final = {}
-        if report.evidence is not None and not rejected:
-            final.update(_evidence_columns(report.evidence))
-        final.update(
-            # an upstream's id as it sent it is untrusted: the ledger keeps plausible ids only
-            provider_request_id=bounded_id(report.provider_request_id),
-            returned_candidate_count=0 if rejected else report.returned,
-            finish_reasons=report.finish_reasons,
-            usage_source=_usage_source(usage, report.stream, outcome),
-            state=settlement.state,
-            reconciliation_reason=settlement.reconciliation_reason,
-            latency_ms=round((time.monotonic() - attempt.started) * 1000, 3),
-        )
-        return final, settlement.holds_reservation
-
     async def _settle_hold(
         self, hold: Hold | None, final: dict[str, Any], outcome: AttemptOutcome, keeps: bool
     ) -> None:
         if hold is None:
             return
-        if outcome in _NOTHING_GENERATED and not final.get("total_tokens"):
+        if outcome in NOTHING_GENERATED and not final.get("total_tokens"):
             await self.budgets.release(hold)  # a refusal (or unbilled error) generated nothing
         elif keeps:
             await self.budgets.keep(hold)
@@ -557,64 +561,6 @@ def _backend(url: str) -> str:
     return {"postgres": "postgresql", "rediss": "redis"}.get(scheme, scheme)
 
 
-def usage_complete(usage: SummaryUsage | None) -> bool:
-    return (
-        usage is not None
-        and usage.prompt_tokens is not None
-        and (usage.completion_tokens is not None)
-    )
-
-
-def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any]:
-    if usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
-        return {}
-    details = usage.prompt_tokens_details
-    cached = (details and details.cached_tokens) or 0
-    written = (details and details.cache_write_tokens) or 0
-    reasoning = usage.completion_tokens_details and usage.completion_tokens_details.reasoning_tokens
-    cost = cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing, written)
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "cached_input_tokens": cached,
-        "output_tokens_total": usage.completion_tokens,
-        "reasoning_tokens": reasoning,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "cost_micros": cost,
-    }
-
-
-def _per_choice(attempt: Attempt, report: AttemptReport) -> tuple[int, ...] | None:
-    """Each choice's output tokens where the route revealed them: the provider's own
-    counts when they add up to its total, or an emulated branch's (one choice, its own
-    usage). Never split from a total (None then)."""
-    total = report.usage.completion_tokens if report.usage else None
-    if total is None:
-        return None
-    counts = report.choice_tokens
-    if counts is not None and len(counts) == report.returned and sum(counts) == total:
-        return counts
-    if attempt.plan.emulated and report.returned == 1:
-        return (total,)
-    return None
-
-
-def _evidence_columns(evidence: Evidence) -> dict[str, int]:
-    return {
-        "candidates_compared": evidence.compared,
-        "candidates_distinct": evidence.distinct,
-        "candidates_majority": evidence.majority,
-        "candidates_tool_calls": evidence.tool_calls,
-    }
-
-
-def _usage_source(usage: SummaryUsage | None, stream: bool, outcome: AttemptOutcome) -> Any:
-    if outcome == "unbilled_error":
-        return "provider_response"  # the zero comes from the provider's error answer
-    if usage is None:
-        return "none"
-    return "provider_stream" if stream else "provider_response"
-
-
 def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str) -> None:
     """One sanitized line per upstream failure; a 4xx about the request is INFO."""
     level = logging.INFO if reason in ("request_rejected", "other_4xx") else logging.WARNING
@@ -630,36 +576,3 @@ def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str
         reason,
         outcome,
     )
-
-
-def _denied_columns(refusal: Refusal | None, plan: Plan) -> dict[str, Any]:
-    """``denied_by``/``denied_limit``/``denied_amount`` of a denial row. A fan-out is
-    reserved branch by branch: the branch that did not fit stands for the whole
-    request's need, which is what is recorded. The amount can be the client's own number
-    (an ``output_ceiling`` refusal records the ``max_tokens`` asked, which JSON does not
-    bound): past what a ledger column holds it is recorded as ``LEDGER_INT_MAX``."""
-    if refusal is None:
-        return {}
-    amount = refusal.amount
-    if plan.emulated and amount is not None:
-        amount = _whole_need(refusal.limit, plan.reservation, plan.decision.effective)
-    if amount is not None:
-        amount = min(amount, LEDGER_INT_MAX)
-    return {"denied_by": refusal.limit, "denied_limit": refusal.value, "denied_amount": amount}
-
-
-def _whole_need(window: str, whole: Reservation, branches: int) -> int:
-    if window.startswith("tokens_"):
-        return whole.total_tokens
-    if window.startswith("usd_") or window == "exception":
-        return whole.cost_micros
-    return branches  # requests_minute, concurrency: one per branch
-
-
-_NOTHING_USED: dict[str, Any] = {
-    "input_tokens": 0,
-    "output_tokens_total": 0,
-    "total_tokens": 0,
-    "cost_micros": 0,
-    "cached_input_tokens": 0,
-}
