@@ -56,15 +56,14 @@ class Settlement:
         self._on_settled = on_request_settled
         self._queued: list[tuple[str, Coroutine[Any, Any, None]]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # now, awaited; kept for later when the store is unavailable (the deferred
+        # queue's own ``run``, bound here: no coroutine layer of its own per settlement)
+        self.run: Callable[[Steps], Awaitable[None]] = self._deferred.run
 
     @property
     def pending(self) -> int:
         """Settlements waiting for a store to answer again."""
         return self._deferred.pending
-
-    async def run(self, steps: Steps) -> None:
-        """Now, awaited; kept for later when the store is unavailable."""
-        await self._deferred.run(steps)
 
     def later(self, steps: Steps) -> None:
         """Once the store answers again (a write whose outcome is unknown)."""
