@@ -6,13 +6,16 @@
    overlapped, and a refused reservation turns that row into the request's denial.
 2. ``begin``: the attempt's ``reserved`` row is durable before dispatch; the ``Attempt``
    it returns is then closed exactly once:
-3. ``answered`` / ``stream_finished`` / ``failed``: the row gets the provider's usage
-   and its final state; the hold is settled with actuals, kept (usage unknown: held
-   until reconciled), or, for an upstream refusal that generated nothing, released (a
-   refusal that reported usage, Gemini's blocked prompt, is settled at that usage).
+3. ``answered`` / ``answered_beside`` / ``stream_finished`` / ``failed``: the row gets
+   the provider's usage and its final state (``final_row``); the hold is settled with
+   actuals, kept (usage unknown: held until reconciled), or, for an upstream refusal
+   that generated nothing, released (a refusal that reported usage, Gemini's blocked
+   prompt, is settled at that usage). The store writes run on the settlement service
+   (``ncap.lifecycle.settlement``): awaited, or beside a whole answer.
 4. ``abandon``: a request that ends with holds no closed attempt took releases them.
 
-A ledger failure is never swallowed: it propagates and the client gets an error.
+A ledger failure is never swallowed: awaited, it propagates and the client gets an
+error; beside an answer, it is logged and counted (``ncap_bookkeeping_failures``).
 
 Each upstream failure (a failed attempt, a stream the upstream cut) and each budget
 exhaustion is logged here, once, as one sanitized line on ``ncap.lifecycle``: request
