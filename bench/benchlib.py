@@ -9,9 +9,12 @@ a server's parent may only supervise while a child does the work.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
+import platform
 import resource
+import shlex
 import shutil
 import signal
 import socket
@@ -21,12 +24,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 VENV_PY = ROOT / ".venv" / "bin" / "python"
+RESULTS = BENCH / "results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 CHAT_BODY: dict[str, object] = {
@@ -296,3 +301,201 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# --- the result envelope: what every benchmark behind ``make bench`` leaves behind ---
+#
+# ``bench/results/<name>.json`` holds the last run of one benchmark: the machine, the
+# date, the commit, the load average at start and end, the command line and each table
+# ready to render (``bench/render_benchmarks.py`` turns the envelopes into BENCHMARKS.md).
+# The run it replaces moves to ``bench/results/history/<name>-<its date>.json``.
+
+ENVELOPE_VERSION = 1
+# when this module was imported: the start of the benchmark script that imported it
+_STARTED = dt.datetime.now(dt.UTC)
+_LOAD_AT_START = [float(x) for x in os.getloadavg()]
+
+
+@dataclass
+class Table:
+    """One table of a benchmark's result, ready to render.
+
+    ``command`` is the command line that produced it when it differs from the run's
+    (a script that runs several measurements); empty means the run's command.
+    """
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    command: str = field(default="", kw_only=True)
+    notes: str = field(default="", kw_only=True)
+
+
+def _read_first(path: str, prefix: str) -> str:
+    with contextlib.suppress(OSError):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip() if ":" in line else line
+    return ""
+
+
+def machine() -> dict[str, Any]:
+    """The machine a run was made on: CPU model, cores, memory, Python, OS."""
+    mem_kib = _read_first("/proc/meminfo", "MemTotal").split()
+    os_name = _read_first("/etc/os-release", "PRETTY_NAME=").split("=", 1)[-1].strip('"')
+    return {
+        "cpu": _read_first("/proc/cpuinfo", "model name") or platform.processor(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(int(mem_kib[0]) / 2**20, 1) if mem_kib else None,
+        "python": platform.python_version(),
+        "os": f"{os_name or platform.system()}, kernel {platform.release()}",
+    }
+
+
+_NOT_CODE = (":!bench/results", ":!BENCHMARKS.md")
+
+
+def git_commit() -> str:
+    """The short commit of the checkout, ``+dirty`` when its code differs from it (the
+    results and the page, which a run of ``make bench`` rewrites as it goes, do not count)."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *_NOT_CODE)
+    return commit + ("+dirty" if changed else "")
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that ran this script, paths shown relative to the repository."""
+    args = list(sys.argv if argv is None else argv)
+    with contextlib.suppress(ValueError):
+        args[0] = str(Path(args[0]).resolve().relative_to(ROOT))
+    return shlex.join(["python", *args])
+
+
+def utc_stamp(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def envelope(
+    name: str,
+    tables: Sequence[Table],
+    *,
+    raw: Any = None,
+    started: dt.datetime | None = None,
+    load_start: Sequence[float] | None = None,
+    load_end: Sequence[float] | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """The result envelope of one run (see the module's note above ``Table``)."""
+    return {
+        "envelope": ENVELOPE_VERSION,
+        "benchmark": name,
+        "date": utc_stamp(started or _STARTED),
+        "finished": utc_stamp(dt.datetime.now(dt.UTC)),
+        "commit": git_commit(),
+        "command": command or command_line(),
+        "machine": machine(),
+        "load": {
+            "start": [round(x, 2) for x in (load_start or _LOAD_AT_START)],
+            "end": [round(x, 2) for x in (load_end or os.getloadavg())],
+        },
+        "tables": [asdict(t) for t in tables],
+        "raw": raw,
+    }
+
+
+def rotate(path: Path) -> Path | None:
+    """Move the run in ``path`` to ``history/<name>-<its date>.json``; where it went."""
+    if not path.exists():
+        return None
+    try:
+        date = str(json.loads(path.read_text()).get("date", ""))
+    except (ValueError, AttributeError):
+        date = ""
+    if not date:
+        date = utc_stamp(dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC))
+    history = path.parent / "history"
+    history.mkdir(parents=True, exist_ok=True)
+    stamp = date.replace("-", "").replace(":", "")
+    target = history / f"{path.stem}-{stamp}.json"
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = history / f"{path.stem}-{stamp}-{suffix}.json"
+    path.rename(target)
+    return target
+
+
+def save_result(
+    name: str,
+    tables: Sequence[Table],
+    *,
+    raw: Any = None,
+    started: dt.datetime | None = None,
+    load_start: Sequence[float] | None = None,
+    load_end: Sequence[float] | None = None,
+    command: str | None = None,
+    results_dir: Path | None = None,
+) -> Path:
+    """Write this run's envelope to ``<results_dir>/<name>.json``, the previous run
+    moved to the history first. ``started`` and ``load_start`` default to when the
+    script imported this module; ``load_end`` to now."""
+    out = (results_dir or RESULTS) / f"{name}.json"
+    doc = envelope(
+        name,
+        tables,
+        raw=raw,
+        started=started,
+        load_start=load_start,
+        load_end=load_end,
+        command=command,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rotate(out)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    tmp.replace(out)
+    print(f"result: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}", file=sys.stderr)
+    return out
+
+
+def profile_table(profile: Path, title: str, count: int = 25, sort: str = "tottime") -> Table:
+    """The top ``count`` functions of a cProfile dump as a table (by own or cumulative
+    time), so a profile renders on the benchmarks page like any other result."""
+    import pstats
+
+    stats = pstats.Stats(str(profile)).strip_dirs()
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
+    raw = stats.stats  # type: ignore[attr-defined]
+    index = 2 if sort == "tottime" else 3
+    top = sorted(raw.items(), key=lambda kv: kv[1][index], reverse=True)[:count]
+    total = sum(v[2] for v in raw.values()) or 1.0
+    rows = [
+        [f"{func} ({file}:{line})", calls, round(own, 3), round(cum, 3), f"{own / total:.1%}"]
+        for (file, line, func), (_, calls, own, cum, _) in top
+    ]
+    columns = ["function", "calls", "own s", "cumulative s", "share of own time"]
+    return Table(title, columns, rows)
+
+
+def flat_rows(result: dict[str, Any], prefix: str = "") -> list[list[Any]]:
+    """``[key, value]`` rows of a nested result, nested keys joined with dots."""
+    rows: list[list[Any]] = []
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            rows += flat_rows(value, f"{name}.")
+        elif isinstance(value, list | tuple | dict):
+            rows.append([name, json.dumps(value)])
+        else:
+            rows.append([name, value])
+    return rows
+
+
+def flat_table(title: str, result: dict[str, Any], notes: str = "") -> Table:
+    """A result that is one set of measures (not one row per target) as a table."""
+    return Table(title, ["measure", "value"], flat_rows(result), notes=notes)

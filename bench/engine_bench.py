@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import benchlib as bl
+
 from ncap.engine import Completion, Engine, EngineSettings, GenerationParams
 from ncap.engine.weights import WEIGHTS
 
@@ -233,21 +235,34 @@ async def main() -> None:
     rows.append(await cache_row(settings, msgs, tokens, args.repeat, args.seed))
     if not args.skip_llama:
         rows += llama_rows(model, msgs, tokens, args.threads, args.n_ctx)
-    print(
+    setup = (
         f"weights: {args.weights} ({model.name}); prompt: {prompt} tokens; {tokens} new "
         f"tokens per choice; temperature 1; {args.threads} threads; engine rows best of "
-        f"{args.repeat}; load average (1, 5, 15 min) {_load(load_start)} at the start, "
-        f"{_load(os.getloadavg())} at the end\n"
+        f"{args.repeat}"
+    )
+    load_end = os.getloadavg()
+    print(
+        f"{setup}; load average (1, 5, 15 min) {_load(load_start)} at the start, "
+        f"{_load(load_end)} at the end\n"
     )
     print(table(rows))
     one, eight, seq, cached = rows[0], rows[1], rows[2], rows[4]
-    print(f"\nn=8 wall / n=1 wall = {eight.wall / one.wall:.2f} (target ≤ 1.7)")
-    print(f"8 sequential (cache off) wall / n=8 wall = {seq.wall / eight.wall:.2f} (target ≥ 4)")
-    print(
+    ratios = [
+        f"n=8 wall / n=1 wall = {eight.wall / one.wall:.2f} (target ≤ 1.7)",
+        f"8 sequential (cache off) wall / n=8 wall = {seq.wall / eight.wall:.2f} (target ≥ 4)",
         f"8 sequential same-prompt requests, cache off / on = {seq.wall / cached.wall:.2f}; "
         f"prefill tokens saved by the cache: {cached.cached} "
-        f"({seq.prompt_evaluated} evaluated without it, {cached.prompt_evaluated} with it)"
-    )
+        f"({seq.prompt_evaluated} evaluated without it, {cached.prompt_evaluated} with it)",
+    ]
+    print("\n" + "\n".join(ratios))
+    columns = ["scenario", "wall (s)", "CPU (s)", "prompt tokens evaluated", "generated tokens"]
+    body = [
+        [r.name, round(r.wall, 2), round(r.cpu, 2), r.prompt_evaluated, r.generated, r.rate]
+        for r in rows
+    ]
+    notes = f"{setup}. " + "; ".join(ratios) + "."
+    result = bl.Table("Engine scenarios", [*columns, "generated tok/s"], body, notes=notes)
+    bl.save_result("engine", [result], load_start=load_start, load_end=load_end)
 
 
 if __name__ == "__main__":

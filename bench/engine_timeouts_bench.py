@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
+import benchlib as bl  # noqa: E402
 import openai  # noqa: E402
 
 from ncap.config import Config, Stores, default_config  # noqa: E402
@@ -168,6 +169,12 @@ def main() -> int:
             proc.wait()
     print(json.dumps(result, indent=2))
     ok = result["loaded"]["status_200"] == args.requests and result["timeout"]["a_status"] == 504
+    burners = f"{args.burners} CPU burners running"
+    tables = [
+        bl.flat_table(f"{args.requests} n=4 requests at once, {burners}", result["loaded"]),
+        bl.flat_table(f"A request that times out, then the next one, {burners}", result["timeout"]),
+    ]
+    bl.save_result("engine-timeouts", tables, raw=result)
     return 0 if ok else 1
 
 

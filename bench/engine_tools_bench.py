@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
+import benchlib as bl  # noqa: E402
 import openai  # noqa: E402
 
 from ncap.config import Stores, Workload, default_config  # noqa: E402
@@ -47,6 +48,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shards", type=int, default=1, help="processes sharing the seeds")
     ap.add_argument("--out", type=Path, help="write the summary as JSON here too")
+    # a shard of a sharded run: its summary goes to --out for the parent, no result
+    ap.add_argument("--shard", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.shards > 1:
         summary = sharded(args)
@@ -54,6 +57,8 @@ def main() -> int:
         tally, wall = run(args.first, args.seeds, args.concurrency, args.threads)
         summary = summarize(tally, wall)
     report(summary, args.out)
+    if not args.shard:
+        bl.save_result("engine-tools", [table(summary)], raw=summary)
     return 1 if summary["breaches"] else 0
 
 
@@ -90,7 +95,7 @@ def sharded(args: argparse.Namespace) -> dict[str, Any]:
                 break
             cmd = [sys.executable, __file__, "--first", str(first), "--seeds", str(count)]
             cmd += ["--concurrency", str(args.concurrency), "--threads", str(args.threads)]
-            cmd += ["--out", f"{tmp}/shard-{k}.json"]
+            cmd += ["--out", f"{tmp}/shard-{k}.json", "--shard"]
             procs.append((subprocess.Popen(cmd), Path(f"{tmp}/shard-{k}.json")))
         parts = []
         for proc, out in procs:
@@ -166,6 +171,21 @@ def summarize(tally: Tally, wall: float) -> dict[str, Any]:
         "failures": tally.failures,
         "wall_s": round(wall, 1),
     }
+
+
+def table(summary: dict[str, Any]) -> bl.Table:
+    """Choices by tool_choice and outcome; the totals and breaches in the notes."""
+    rows = [
+        [kind, *(counts.get(k, 0) for k in ("call", "partial", "prose"))]
+        for kind, counts in summary["by_tool_choice"].items()
+    ]
+    notes = (
+        f"{summary['requests']} requests, {summary['choices']} choices, "
+        f"{summary['whole_calls_validated']} whole calls validated against their schema, "
+        f"{summary['breaches']} breaches, {summary['wall_s']} s."
+    )
+    columns = ["tool_choice", "call", "partial (length)", "prose"]
+    return bl.Table("Choices by tool_choice", columns, rows, notes=notes)
 
 
 def report(summary: dict[str, Any], out: Path | None) -> None:

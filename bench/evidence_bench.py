@@ -200,7 +200,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="--e2e: at a time")
     args = parser.parse_args()
     if args.e2e:
-        print(json.dumps(e2e(args), indent=2))
+        whole = e2e(args)
+        print(json.dumps(whole, indent=2))
+        title = f"Gateway CPU per relayed chunk, evidence on and off (n={args.n})"
+        bl.save_result("evidence-e2e", [bl.flat_table(title, whole)], raw=whole)
         return
     data = stream_bytes(args.n, args.tokens)
     cpu_per_chunk(data, True, 20)  # warm-up
@@ -220,6 +223,8 @@ def main() -> None:
         "rounds_on": [round(x, 3) for x in on],
     }
     print(json.dumps(result, indent=2))
+    title = f"Relay CPU per chunk, evidence on and off (n={args.n}, {args.streams} streams a round)"
+    bl.save_result("evidence", [bl.flat_table(title, result)], raw=result)
 
 
 if __name__ == "__main__":

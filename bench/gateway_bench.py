@@ -22,7 +22,8 @@ bench/loadgen.py, and the table reports the median over rounds. Per point it als
 records the target's resident memory (VmRSS of its process tree), its CPU per
 request, and the share of the machine used by *foreign* processes meanwhile (the
 noise indicator: other work on a shared 2-core machine). Results go to stdout as
-markdown and to bench/results/gateway.json.
+markdown and to bench/results/gateway.json (the result envelope that BENCHMARKS.md
+is rendered from).
 
 CPU layout (2 cores; see the PIN_* defaults): the fake upstream is pinned to CPU 1,
 the load generator to CPU 0, and the gateway under test is left to the scheduler,
@@ -36,7 +37,7 @@ this machine and its load.
 Usage:
     .venv/bin/python bench/gateway_bench.py [--targets direct,ncap,litellm]
         [--concurrency 1,16,64] [--rounds 3] [--duration 5] [--warmup 1]
-        [--stream] [--ncap-config FILE] [--output bench/results/gateway.json]
+        [--stream] [--ncap-config FILE] [--output RAW.json]
 """
 
 from __future__ import annotations
@@ -504,11 +505,11 @@ def ratios(rows: list[dict[str, Any]], concurrencies: list[int]) -> dict[str, An
     return out
 
 
-def issue_table(rows: list[dict[str, Any]]) -> str:
+def summary_table(rows: list[dict[str, Any]]) -> bl.Table:
     """The comparison table: added p50 at c=1, req/s (× bare) at c=16, req/s at c=64."""
     by = {(r["target"], r["concurrency"]): r for r in rows}
     bare16 = (by.get(("bare", 16)) or {}).get("throughput_rps")
-    body = []
+    body: list[list[Any]] = []
     for name in dict.fromkeys(r["target"] for r in rows):
         one, sixteen, sixty_four = by.get((name, 1)), by.get((name, 16)), by.get((name, 64))
         rps16 = sixteen["throughput_rps"] if sixteen else None
@@ -523,19 +524,32 @@ def issue_table(rows: list[dict[str, Any]]) -> str:
             ]
         )
     headers = ["target", "c=1 added p50 ms", "c=16 req/s (× bare)", "c=64 req/s"]
-    return bl.md_table([*headers, "foreign CPU c=16"], body)
+    title = "Added latency at c=1, throughput at c=16 (× bare) and c=64"
+    return bl.Table(title, [*headers, "foreign CPU c=16"], body)
 
 
-def markdown(rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[str, str]) -> str:
+def tables(
+    rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[str, str]
+) -> list[bl.Table]:
+    """The run's tables: the summary, every point, and the throughput ratios."""
     headers = ["target", "c", "req/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]
     headers += ["errors", "RSS MiB", "CPU ms/req", "foreign CPU"]
     keys = ["throughput_rps", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "errors"]
     keys += ["rss_mib", "cpu_ms_per_req", "foreign_cpu_share"]
     body = [[r["target"], r["concurrency"], *(_fmt(r[k], k) for k in keys)] for r in rows]
-    parts = [issue_table(rows), bl.md_table(headers, body)]
+    notes = "; ".join(f"skipped {name}: {why}" for name, why in skipped.items())
+    out = [summary_table(rows), bl.Table("Every target at every concurrency", headers, body)]
+    out[-1].notes = (
+        "Medians over the rounds; errors summed, RSS the largest seen. " + notes
+    ).strip()
     if ratio:
         rrows = [[c, ", ".join(f"{k}={v}" for k, v in point.items())] for c, point in ratio.items()]
-        parts.append(bl.md_table(["c", "throughput ratios"], rrows))
+        out.append(bl.Table("Throughput ratios", ["c", "throughput ratios"], rrows))
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[str, str]) -> str:
+    parts = [bl.md_table(t.columns, t.rows) for t in tables(rows, ratio, skipped)]
     parts += [f"- skipped {name}: {why}" for name, why in skipped.items()]
     return "\n\n".join(parts)
 
@@ -636,7 +650,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pin-upstream", default=PIN_UPSTREAM, help="taskset CPU list ('' = none)")
     p.add_argument("--pin-loadgen", default=PIN_LOADGEN, help="taskset CPU list ('' = none)")
     p.add_argument("--pin-target", default="", help="taskset CPU list for the gateway")
-    p.add_argument("--output", default=str(bl.BENCH / "results" / "gateway.json"))
+    p.add_argument("--output", help="also write the raw results here (they are in the envelope)")
     p.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
     args = p.parse_args(argv)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -690,10 +704,12 @@ def write_results(
     }
     doc = {"machine": info, "settings": settings, "rows": run.rows, "ratios": ratio}
     doc["skipped"] = run.skipped
-    out = Path(args.output)
-    if str(out) != os.devnull:
+    if args.output and args.output != os.devnull:
+        out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=2) + "\n")
+    name = "gateway-stream" if args.stream else "gateway"
+    bl.save_result(name, tables(run.rows, ratio, run.skipped), raw=doc)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import benchlib as bl
 import gateway_bench as gb
@@ -181,14 +182,36 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
         bl.wait_ready(upstream, url, bl.chat_body("fake-model"), timeout_s=30)
+        rows = []
         for setup in args.setups.split(","):
-            print(json.dumps(measure(setup, args, upstream_port, work)), flush=True)
+            rows.append(measure(setup, args, upstream_port, work))
+            print(json.dumps(rows[-1]), flush=True)
     finally:
         bl.stop_server(upstream)
         shutil.rmtree(work, ignore_errors=True)
         for name in _CREATED:
             _run_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if not args.src:  # another checkout's count is a before/after, not this one's result
+        bl.save_result("instructions", [table(rows, args)], raw=rows)
     return 0
+
+
+def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> bl.Table:
+    bare = next((r["instructions_per_request"] for r in rows if r["setup"] == "bare"), None)
+    body = [
+        [
+            r["setup"],
+            r["instructions_per_request"],
+            round(r["instructions_per_request"] / bare, 2) if bare else None,
+            r["errors"],
+        ]
+        for r in rows
+    ]
+    title = f"User-space instructions per request (c={args.concurrency})"
+    notes = f"{args.requests} requests counted after {args.warm} warm-up requests."
+    return bl.Table(
+        title, ["setup", "instructions per request", "× bare", "errors"], body, notes=notes
+    )
 
 
 if __name__ == "__main__":

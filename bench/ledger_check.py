@@ -24,6 +24,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import benchlib as bl
@@ -142,7 +143,22 @@ def main() -> None:
         "ok": rows == {"settled": answered} and answered == args.requests + 1 and counters_ok,
     }
     print(json.dumps(result, indent=2))
+    bl.save_result(
+        f"ledger-{args.stores}" if args.stores != "default" else "ledger",
+        [table(result, args)],
+        raw=result,
+    )
     sys.exit(0 if result["ok"] else 1)
+
+
+def table(result: dict[str, Any], args: argparse.Namespace) -> bl.Table:
+    """One row: what was sent and answered, what the ledger and the counters hold."""
+    columns = ["requests sent", "answered 200", "ledger rows", "rows by state", "req/s"]
+    columns += ["ledger sums", "budget counters", "books agree"]
+    keys = ["requests_sent", "answered_200", "ledger_rows", "ledger_rows_by_state"]
+    keys += ["throughput_rps", "ledger_sums", "budget_counters", "ok"]
+    title = f"{args.requests:,} requests at c={args.concurrency}, {args.stores} stores"
+    return bl.Table(title, columns, [[result[k] for k in keys]])
 
 
 if __name__ == "__main__":

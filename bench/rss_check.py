@@ -73,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--large", type=int, default=200_000)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--tolerance", type=float, default=0.10)
-    p.add_argument("--output", default=str(bl.BENCH / "results" / "rss.json"))
     args = p.parse_args(argv)
     setups = [s.strip() for s in args.setups.split(",") if s.strip()]
     bench_args = gb.parse_args(["--concurrency", str(args.concurrency)])
@@ -86,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         bl.stop_server(upstream)
         shutil.rmtree(work, ignore_errors=True)
     doc = {"machine": bl.machine_info(), "small": args.small, "large": args.large, "rows": rows}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
     headers = ["setup", f"RSS MiB after {args.small}", f"after {args.large}", "growth", "ok"]
     keys = ("rss_mib_after_small", "rss_mib_after_large")
     body = [
@@ -100,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows
     ]
     print(bl.md_table(headers, body))
+    title = f"Resident memory after {args.small:,} and {args.large:,} requests"
+    table = bl.Table(
+        title,
+        headers,
+        body,
+        notes=f"c={args.concurrency}; ok: growth ≤ {args.tolerance:.0%} and no errors.",
+    )
+    bl.save_result("rss", [table], raw=doc)
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

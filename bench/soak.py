@@ -310,7 +310,7 @@ def main() -> int:
     p.add_argument("--gemini", action="store_true")
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--rss-slope-mib-h", type=float, default=60.0)
-    p.add_argument("--out", type=Path, default=bl.BENCH / "results" / "soak.json")
+    p.add_argument("--out", type=Path, help="also write the raw report here (it is in the result)")
     args = p.parse_args()
     args.duration = min(args.duration, 600.0)
     tmp = Path(tempfile.mkdtemp(prefix="ncap-soak-"))
@@ -387,9 +387,16 @@ def main() -> int:
     }
     failures = checks(report, args)
     report["failures"] = failures
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    summary = {k: v for k, v in report.items() if k != "samples"}
+    print(json.dumps(summary, indent=1))
+    title = f"{report['duration_s']} s of load, faults and disconnects at c={args.concurrency}"
+    table = bl.flat_table(title, summary)
+    bl.save_result(
+        f"soak-{args.stores}", [table], raw=report, load_start=load_start, load_end=load_end
+    )
     return 1 if failures else 0
 
 

@@ -8,7 +8,7 @@
 (b) Request-validation cost for a ~1 KB chat body (bench/validation_bench.py).
 
 Layout as in gateway_bench.py: fake upstream on CPU 1, load generator on CPU 0,
-proxy unpinned. Results: markdown on stdout, JSON in bench/results/stack_choice.json.
+proxy unpinned. Results: markdown on stdout, JSON in bench/results/stack.json.
 
 Usage: .venv/bin/python bench/stack_choice.py [--rounds 3] [--duration 4] [--warmup 1]
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
-import json
 import shutil
 import statistics
 import sys
@@ -122,7 +121,7 @@ def summarise(samples: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict
     return rows
 
 
-def proxy_table(rows: list[dict[str, Any]]) -> str:
+def proxy_table(rows: list[dict[str, Any]]) -> bl.Table:
     headers = ["stack (server+client)", "c", "req/s", "p50 ms", "p99 ms", "CPU ms/req"]
     headers += ["RSS MiB", "errors", "foreign CPU"]
     keys = ("stack", "concurrency", "throughput_rps", "p50_ms", "p99_ms", "cpu_ms_per_req")
@@ -130,16 +129,16 @@ def proxy_table(rows: list[dict[str, Any]]) -> str:
         [r[k] for k in (*keys, "rss_mib", "errors")] + [f"{r['foreign_cpu_share']:.0%}"]
         for r in rows
     ]
-    return bl.md_table(headers, body)
+    return bl.Table("Pass-through proxies on each stack", headers, body)
 
 
-def validation_table(rows: list[dict[str, Any]]) -> str:
+def validation_table(rows: list[dict[str, Any]]) -> bl.Table:
     headers = ["validator", "valid body µs/call", "unknown-field body µs/call", "body bytes"]
     body = [
         [r["implementation"], r["valid_us"], r["invalid_unknown_field_us"], r["body_bytes"]]
         for r in rows
     ]
-    return bl.md_table(headers, body)
+    return bl.Table("Request validation", headers, body)
 
 
 def versions() -> dict[str, str]:
@@ -181,7 +180,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pin-loadgen", default=PIN_LOADGEN)
     p.add_argument("--pin-target", default="", help="taskset CPU list for the proxies")
     p.add_argument("--stacks", default=",".join(KINDS), help="comma list of proxies.KINDS")
-    p.add_argument("--output", default=str(bl.BENCH / "results" / "stack_choice.json"))
     args = p.parse_args(argv)
     args.stacks = [k for k in args.stacks.split(",") if k]
     unknown = set(args.stacks) - set(KINDS)
@@ -208,12 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         "proxies": proxy_rows,
         "validation": validation_rows,
     }
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    if proxy_rows:
-        print(proxy_table(proxy_rows) + "\n")
-    print(validation_table(validation_rows))
+    tables = [proxy_table(proxy_rows)] if proxy_rows else []
+    tables.append(validation_table(validation_rows))
+    for table in tables:
+        print(bl.md_table(table.columns, table.rows) + "\n")
+    bl.save_result("stack", tables, raw=doc)
     return 0
 
 

@@ -526,7 +526,31 @@ def drive(args: argparse.Namespace) -> int:
     result["machine"]["loadavg_at_end"] = bl.loadavg()
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    if not args.compare_src:  # a before/after comparison is not this checkout's result
+        bl.save_result("stream", result_tables(result), raw=result)
     return 0
+
+
+def result_tables(result: dict[str, Any]) -> list[bl.Table]:
+    """Each round's table (the rows ``table`` prints), then what could not be measured."""
+    columns = ["scenario", "target", "CPU µs/chunk", "× bare", "TTFB p50 ms c=1 (added)"]
+    columns += ["TTFB p50 ms c=16 (added)", "note"]
+    keys = ["scenario", "target", "cpu_us_per_chunk", "x_bare"]
+    out = []
+    for number, rows in enumerate(result["rounds"], 1):
+        body = [
+            [r.get(k) for k in keys]
+            + [
+                f"{r.get(f'ttfb_p50_ms_c{c}')} ({r.get(f'added_ttfb_ms_c{c}', '–')})"
+                for c in (1, 16)
+            ]
+            + [r.get("error") or r.get("note", "")]
+            for r in rows
+        ]
+        skipped = "; ".join(f"{name}: {why}" for name, why in result["skipped"].items())
+        notes = f"Not measured: {skipped}." if skipped else ""
+        out.append(bl.Table(f"Round {number}", columns, body, notes=notes))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -561,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttfb-requests", type=int, default=40, help="at c=1 (×4 at c=16)")
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--peer-requests", type=int, default=16, help="streams per peer measure")
-    p.add_argument("--output", default=str(bl.BENCH / "results" / "stream.json"))
+    # the rounds so far, rewritten after each round so that a run cut short keeps them
+    p.add_argument("--output", default=str(bl.RESULTS / "partial" / "stream.json"))
     p.add_argument("--ncap-src", default=NCAP_SRC[0], help="the ncap sources to serve")
     p.add_argument("--compare-src", default="", help="also serve these sources (before)")
     args = p.parse_args(argv)

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pace-ms", type=float, default=2.0)
     p.add_argument("--src", default=str(bl.ROOT / "src"))
     p.add_argument("--keep", default="")
-    p.add_argument("--output", default=str(bl.BENCH / "results" / "stream-instructions.json"))
+    p.add_argument("--output", help="also write the raw results here (they are in the envelope)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="ncap-stream-instr-"))
     port = bl.free_port()
@@ -117,10 +117,23 @@ def main(argv: list[str] | None = None) -> int:
         if bare and row["instructions_per_chunk"]:
             row["x_bare"] = round(row["instructions_per_chunk"] / bare, 2)
     result = {"src": args.src, "tokens": args.tokens, "pace_ms": args.pace_ms, "rows": rows}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(rows, indent=1))
+    if Path(args.src).resolve() == (bl.ROOT / "src").resolve():  # not a before/after tree
+        bl.save_result("stream-instructions", [table(result)], raw=result)
     return 0
+
+
+def table(result: dict[str, Any]) -> bl.Table:
+    columns = ["case", "streams", "errors", "instructions per chunk", "× bare"]
+    keys = ["case", "streams", "errors", "instructions_per_chunk", "x_bare"]
+    rows = [[row.get(k) for k in keys] for row in result["rows"]]
+    for row in rows:  # errors by kind: their count is what the table shows
+        row[2] = sum(row[2].values()) if isinstance(row[2], dict) else row[2]
+    title = f"Instructions per relayed chunk ({result['tokens']} tokens a stream)"
+    return bl.Table(title, columns, rows, notes=f"Upstream paced {result['pace_ms']} ms per event.")
 
 
 if __name__ == "__main__":

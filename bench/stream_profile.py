@@ -172,12 +172,34 @@ def drive(args: argparse.Namespace) -> int:
                 time.sleep(0.2)
             results["cprofile_top"] = top(prof, args.top) if prof.exists() else "no profile"
             print(results["cprofile_top"])
+            if prof.exists():
+                title = f"cProfile of the shipped relay, top {args.top} by own time"
+                results["cprofile_table"] = bl.profile_table(prof, title, args.top)
     finally:
         bl.stop_server(up)
         shutil.rmtree(work, ignore_errors=True)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=1) + "\n")
+    save(args, results)
     return 0
+
+
+def save(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The optional raw file, and the envelope when this checkout's relay was measured."""
+    profile = results.pop("cprofile_table", None)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(results, indent=1) + "\n")
+    if args.ncap_src != str(bl.ROOT / "src"):
+        return  # another tree: a before/after comparison, not this checkout's result
+    n, tokens = sb.SCENARIOS[args.scenario]
+    cases = list(results["rounds"][0]) if results["rounds"] else []
+    rows = [
+        [case, *(r.get(case) and round(r[case], 2) for r in results["rounds"])] for case in cases
+    ]
+    columns = ["case", *(f"round {i + 1} µs/chunk" for i in range(len(results["rounds"])))]
+    title = f"CPU per relayed chunk, {args.stores} stores, n={n} × {tokens} tokens"
+    notes = f"c={args.concurrency}, {args.requests} streams per case and round."
+    tables = [bl.Table(title, columns, rows, notes=notes), *([profile] if profile else [])]
+    bl.save_result("stream-profile", tables, raw=results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--ncap-src", default=sb.NCAP_SRC[0])
-    p.add_argument("--output", default=str(bl.BENCH / "results" / "stream-profile.json"))
+    p.add_argument("--output", help="also write the raw results here (they are in the envelope)")
     args = p.parse_args(argv)
     sb.NCAP_SRC[0] = args.ncap_src
     return drive(args)

@@ -201,9 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     key = "instructions_per_request" if args.mode == "callgrind" else "cpu_ms_per_request"
     medians = {s: statistics.median(r[key] for r in rows if r["setup"] == s) for s in setups}
     base = medians.get("default")
+    body = []
     for setup, value in medians.items():
         ratio = f"  x{value / base:.3f} of default" if base else ""
         print(f"{setup:>16}: {value:>12} {key} (median of {args.rounds}){ratio}")
+        body.append([setup, value, round(value / base, 3) if base else None])
+    title = f"{key.replace('_', ' ')} by set-up ({args.stores} stores, median of {args.rounds})"
+    table = bl.Table(title, ["set-up", key.replace("_", " "), "× default"], body)
+    bl.save_result("telemetry", [table], raw=rows)
     return 0
 
 

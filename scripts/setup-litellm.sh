@@ -13,7 +13,7 @@ VENV="$ROOT/.venv-litellm"
 MARKER="$VENV/.ncap-litellm-installed"
 PYTHON="${PYTHON:-python3}"
 # Override to pin a version (e.g. LITELLM_SPEC='litellm[proxy]==1.108.7'); the installed
-# version is recorded in the marker and in bench/results/gateway.json.
+# version is recorded in the marker and in the gateway benchmark's result.
 LITELLM_SPEC="${LITELLM_SPEC:-litellm[proxy]}"
 
 if [[ -f "$MARKER" ]] && [[ -x "$VENV/bin/litellm" ]]; then

@@ -515,6 +515,9 @@ class BudgetAlerts(_Model):
     timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(3, ge=0, le=10)
     backoff_s: float = Field(1.0, ge=0)
+    # also post "candidates mostly duplicate" as it happens, on the report's thresholds
+    # (``reports.thresholds.candidates_*``), once per workload or exception and UTC day
+    candidates: bool = True
 
     @field_validator("thresholds")
     @classmethod

@@ -27,14 +27,9 @@ from ncap.domain.probe import (
     stated_maximum,
 )
 from ncap.errors import RouteDoesNotSupportCandidates
-from ncap.providers.openai_gemini import (
-    GeminiError,
-    GeminiStream,
-    decode_response,
-    decode_stream_event,
-    to_chat_completion,
-    translate_error,
-)
+from ncap.providers.gemini_errors import GeminiError, translate_error
+from ncap.providers.gemini_response import decode_response, to_chat_completion
+from ncap.providers.gemini_stream import GeminiStream, decode_stream_event
 from ncap.testing.fake_gemini import FakeGemini, running_fake_gemini
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

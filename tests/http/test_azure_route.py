@@ -20,7 +20,7 @@ from ncap.client import demux
 from ncap.config import Config
 from ncap.domain.events import LedgerEvent
 from ncap.lifecycle.failures import retryable
-from ncap.providers.azure import azure_failure
+from ncap.providers.openai_passthrough import azure_failure
 from ncap.stores import SQLiteLedgerStore
 from ncap.testing.fake_azure import AZURE_LOG, AzureLog, create_azure_app
 from ncap.testing.fake_upstream import STATE, FakeState

@@ -20,7 +20,7 @@ from ncap.lifecycle.failures import (
 )
 from ncap.protocol.responses import SummaryUsage, Usage
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
-from ncap.providers.openai import openai_failure
+from ncap.providers.openai_passthrough import openai_failure
 
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
 BAD = UpstreamErrorDetail("Invalid 'messages'", code="invalid_value", param="messages")

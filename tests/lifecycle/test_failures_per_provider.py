@@ -14,13 +14,10 @@ import pytest
 
 from ncap.lifecycle.failures import classify, client_error, ledger_outcome, may_fall_back, retryable
 from ncap.protocol.anthropic import AnthropicErrorBody
-from ncap.providers.anthropic import anthropic_failure
-from ncap.providers.azure import azure_failure
+from ncap.providers.anthropic_errors import anthropic_failure, stream_failure
 from ncap.providers.base import AttemptFailed
-from ncap.providers.gemini import as_attempt_failed, gemini_failure
-from ncap.providers.openai import openai_failure
-from ncap.providers.openai_anthropic import stream_failure
-from ncap.providers.openai_gemini import GeminiError
+from ncap.providers.gemini_errors import GeminiError, as_attempt_failed, gemini_failure
+from ncap.providers.openai_passthrough import azure_failure, openai_failure
 
 FailureOf = Callable[[int, Mapping[str, str], bytes], AttemptFailed]
 

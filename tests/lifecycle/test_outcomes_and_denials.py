@@ -16,7 +16,7 @@ from ncap.errors import (
     UpstreamError,
 )
 from ncap.providers.base import AttemptFailed
-from ncap.providers.openai import openai_failure
+from ncap.providers.openai_passthrough import openai_failure
 from ncap.stores import MemoryBudgetStore
 from ncap.testing.scripted import Fail, ScriptedProvider, Stream, chunk, sse
 from tests.lifecycle.harness import EMULATE, NATIVE, Harness, drain, harness, route

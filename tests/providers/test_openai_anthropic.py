@@ -12,16 +12,11 @@ from ncap.errors import InvalidValue
 from ncap.lifecycle.failures import client_error, retryable
 from ncap.protocol import anthropic as a
 from ncap.protocol.chat import ChatCompletionRequest
+from ncap.providers.anthropic_errors import anthropic_failure
+from ncap.providers.anthropic_request import Shape, to_anthropic_request
+from ncap.providers.anthropic_response import finish_reason, to_chat_completion, usage_of
+from ncap.providers.anthropic_stream import AnthropicStream
 from ncap.providers.base import AttemptFailed
-from ncap.providers.openai_anthropic import (
-    AnthropicStream,
-    Shape,
-    anthropic_failure,
-    finish_reason,
-    to_anthropic_request,
-    to_chat_completion,
-    usage_of,
-)
 from ncap.streaming.sse import event_data, split_events
 
 USER = {"role": "user", "content": "Hi"}

@@ -23,16 +23,11 @@ from ncap.errors import (
     UpstreamTimeout,
 )
 from ncap.protocol.validate import parse_chat_request
-from ncap.providers.openai_gemini import (
-    GeminiError,
-    GeminiStream,
-    decode_response,
-    decode_stream_event,
-    summarize,
-    to_chat_completion,
-    to_gemini_request,
-    translate_error,
-)
+from ncap.providers.gemini_errors import GeminiError, translate_error
+from ncap.providers.gemini_request import to_gemini_request
+from ncap.providers.gemini_response import decode_response, to_chat_completion
+from ncap.providers.gemini_stream import GeminiStream, decode_stream_event
+from ncap.providers.openai_side import summarize
 from ncap.streaming.sse import StreamPiece, iter_pieces
 from ncap.streaming.sse_data import iter_data
 

@@ -13,14 +13,9 @@ import msgspec
 import pytest
 
 from ncap.protocol.responses import ChatCompletion
-from ncap.providers.openai_gemini import (
-    GeminiError,
-    GeminiStream,
-    decode_response,
-    decode_stream_event,
-    to_chat_completion,
-    translate_error,
-)
+from ncap.providers.gemini_errors import GeminiError, translate_error
+from ncap.providers.gemini_response import decode_response, to_chat_completion
+from ncap.providers.gemini_stream import GeminiStream, decode_stream_event
 from ncap.testing.fake_gemini import FakeGemini, parse_gemini_faults, running_fake_gemini
 
 KEY = "gk-test"

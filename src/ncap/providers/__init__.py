@@ -1,8 +1,9 @@
 """Upstream adapters behind one ``Provider`` protocol (``ncap.providers.base``).
 
-``provider_for`` is the one place a route's kind picks its adapter (what
-each kind can do is declared beside, in ``ncap.providers.kinds``); the adapters are
-imported there, lazily, so importing the protocol costs no HTTP client and no llama.cpp.
+``provider_for`` is the one place a route's kind picks its adapter; what each kind can
+do, and the translator of its schema pair, are declared beside, in the registry
+``ncap.providers.kinds``. The adapters are imported there, lazily, so importing the
+protocol costs no HTTP client and no llama.cpp.
 """
 
 from __future__ import annotations

@@ -1,20 +1,35 @@
-"""What each kind of provider can do, declared once: the endpoints it serves, the
-candidate modes it supports (``native`` n, ``emulate`` by fan-out), whether its streams
-report usage, how it caches prompts, and whether it runs in the gateway's process.
+"""The provider kit's registry. What each kind of provider can do, declared once: the
+endpoints it serves, the candidate modes it supports (``native`` n, ``emulate`` by
+fan-out), whether its streams report usage, how it caches prompts, and whether it runs
+in the gateway's process; and the translator of its schema pair (``translator_for``),
+picked here and nowhere else.
 
 Code outside ``providers/`` asks these questions of a route (``capabilities_of``) and
-never compares a provider's name. A new provider is one entry here and one case in
-``provider_for`` (see CONTRIBUTING.md).
+never compares a provider's name. A new provider is one entry in ``KINDS``, one in
+``TRANSLATORS`` and one case in ``provider_for`` (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ncap.providers.base import RequestKind
 
-__all__ = ["CHAT_ONLY", "KINDS", "CandidateMode", "Capabilities", "PromptCache", "capabilities_of"]
+if TYPE_CHECKING:
+    from ncap.providers.translate import Translator
+
+__all__ = [
+    "CHAT_ONLY",
+    "KINDS",
+    "TRANSLATORS",
+    "CandidateMode",
+    "Capabilities",
+    "PromptCache",
+    "capabilities_of",
+    "translator_for",
+]
 
 CandidateMode = Literal["native", "emulate"]
 PromptCache = Literal["automatic", "explicit", "implicit", "none"]
@@ -62,3 +77,44 @@ KINDS: dict[str, Capabilities] = {
 def capabilities_of(provider: str) -> Capabilities:
     """The capabilities of a route's ``provider`` (a name ``config.Route`` accepted)."""
     return KINDS[provider]
+
+
+# The translators, imported only when a route of the kind is built. The in-process
+# engine has no wire between the gateway and it, so no schema pair: no translator.
+
+
+def _openai() -> Translator[Any]:
+    from ncap.providers.openai_passthrough import OpenAITranslator
+
+    return OpenAITranslator()
+
+
+def _azure() -> Translator[Any]:
+    from ncap.providers.openai_passthrough import AzureTranslator
+
+    return AzureTranslator()
+
+
+def _anthropic() -> Translator[Any]:
+    from ncap.providers.openai_anthropic import AnthropicTranslator
+
+    return AnthropicTranslator()
+
+
+def _gemini() -> Translator[Any]:
+    from ncap.providers.openai_gemini import GeminiTranslator
+
+    return GeminiTranslator()
+
+
+TRANSLATORS: dict[str, Callable[[], Translator[Any]]] = {
+    "openai": _openai,
+    "azure": _azure,
+    "anthropic": _anthropic,
+    "gemini": _gemini,
+}
+
+
+def translator_for(provider: str) -> Translator[Any]:
+    """The translator of a route's ``provider`` kind (a kind that is not in-process)."""
+    return TRANSLATORS[provider]()

@@ -3,47 +3,41 @@
 One pooled HTTP transport per route (``ncap.providers.transport``: keep-alive, bounded
 connections, aiohttp's exceptions converted where they enter). The client's own
 ``Authorization`` never reaches the upstream: the route's credential (read from the
-environment variable the route names) is the only one sent. OpenAI's error envelope is
-read here, once, into the failure's ``UpstreamErrorDetail``.
+environment variable the route names) is the only one sent. The identity pair's
+translator (``providers.openai_passthrough``, picked by the registry for the route's
+kind) encodes the body, reads the answer's summary and the error envelope, and splits a
+stream's reads into events.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
-import msgspec
 
 from ncap.config import HttpRoute
-from ncap.protocol.responses import ErrorEnvelope, ResponseSummary
-from ncap.providers.base import (
-    CLIENT_REQUEST_ID,
-    AttemptFailed,
-    RequestKind,
-    UpstreamErrorDetail,
-    UpstreamResult,
-)
+from ncap.providers.base import CLIENT_REQUEST_ID, AttemptFailed, RequestKind, UpstreamResult
 from ncap.providers.credentials import route_headers
+from ncap.providers.kinds import translator_for
+from ncap.providers.openai_passthrough import OpenAITranslator, PassThroughStream
+from ncap.providers.translate import Reply, random_id
 from ncap.providers.transport import (
-    FailureOf,
     HttpTransport,
     ReadGapWatch,
     answer_limit,
     mapped,
     oversized,
-    parse_retry_after,
 )
-from ncap.streaming.sse import EventSplitter, MalformedEvent, StreamPiece
+from ncap.streaming.sse import MalformedEvent, StreamPiece
 
-__all__ = ["OpenAIProvider", "openai_failure", "parse_retry_after"]
+__all__ = ["OpenAIProvider"]
 
 log = logging.getLogger("ncap.providers.openai")
-_summary = msgspec.json.Decoder(ResponseSummary)
-_error_decoder = msgspec.json.Decoder(ErrorEnvelope)
-_encode = msgspec.json.Encoder().encode
+_IN_BODY = ""  # the model: the routed body names it, and the answer the upstream's own
 _PATHS: tuple[tuple[RequestKind, str], ...] = (
     ("chat", "chat/completions"),
     ("completions", "completions"),
@@ -53,7 +47,8 @@ _PATHS: tuple[tuple[RequestKind, str], ...] = (
 class OpenAIProvider:
     """An upstream that speaks OpenAI's wire shapes: ``{base_url}/chat/completions`` and
     ``{base_url}/completions`` with a bearer credential, unless a provider of the same
-    shapes (Azure OpenAI) gives its own URLs, headers and error reading."""
+    shapes (Azure OpenAI) gives its own URLs and headers (its error reading is its
+    translator's)."""
 
     def __init__(
         self,
@@ -62,10 +57,12 @@ class OpenAIProvider:
         route_id: str,
         urls: Mapping[RequestKind, str] | None = None,
         headers: Mapping[str, str] | None = None,
-        failure_of: FailureOf | None = None,
     ) -> None:
         self.route_id = route_id
         self._max_answer = route.max_answer_bytes
+        translator = translator_for(route.provider)
+        assert isinstance(translator, OpenAITranslator)  # the registry's pass-through pairs
+        self._translator = translator
         if urls is None:
             assert route.base_url is not None
             base = route.base_url.rstrip("/")
@@ -78,7 +75,7 @@ class OpenAIProvider:
                 headers=sent,
                 connect_timeout_s=route.connect_timeout_s,
                 max_connections=route.max_connections,
-                failure_of=failure_of or openai_failure,
+                failure_of=translator.error,
                 request_id_header="x-request-id",
             )
             for kind, url in urls.items()
@@ -89,33 +86,38 @@ class OpenAIProvider:
     ) -> UpstreamResult:
         transport = self._transports[kind]
         limit = answer_limit(body, self._max_answer)
+        data = self._translator.request(body, kind, model=_IN_BODY).data
         payload, headers = await transport.post(
-            _encode(body), timeout=timeout, limit=limit, headers=_attempt_headers()
+            data, timeout=timeout, limit=limit, headers=_attempt_headers()
         )
-        request_id = transport.request_id(headers)
-        try:
-            summary = _summary.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise AttemptFailed(
-                "protocol", 200, provider_request_id=request_id, detail=str(exc)
-            ) from exc
-        return UpstreamResult(200, payload, summary, request_id or transport.scrub_id(summary.id))
+        answer = self._translator.response(payload, _reply(transport, headers), None)
+        return UpstreamResult(200, answer.body, answer.summary, answer.provider_request_id)
 
     @asynccontextmanager
     async def stream(
         self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
     ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
         transport = self._transports[kind]
-        async with transport.open(
-            _encode(body), timeout=timeout, headers=_attempt_headers()
-        ) as resp:
-            request_id = transport.request_id(resp.headers)
+        data = self._translator.request(body, kind, model=_IN_BODY).data
+        async with transport.open(data, timeout=timeout, headers=_attempt_headers()) as resp:
+            events = self._translator.stream(_reply(transport, resp.headers), None)
             limit = answer_limit(body, self._max_answer)
-            yield request_id, _events(resp, request_id, timeout, limit, transport.scrub_bytes)
+            yield events.provider_request_id, _events(resp, events, timeout, limit, transport)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
             await transport.aclose()
+
+
+def _reply(transport: HttpTransport, headers: Mapping[str, str]) -> Reply:
+    return Reply(
+        headers=headers,
+        request_id=transport.request_id(headers),
+        created=int(time.time()),
+        model=_IN_BODY,
+        scrub_id=transport.scrub_id,
+        spare_id=random_id,
+    )
 
 
 def _attempt_headers() -> dict[str, str] | None:
@@ -127,10 +129,10 @@ def _attempt_headers() -> dict[str, str] | None:
 
 async def _events(
     resp: aiohttp.ClientResponse,
-    request_id: str | None,
+    splitter: PassThroughStream,
     timeout: float,
     limit: int,
-    scrub: Callable[[bytes], bytes],
+    transport: HttpTransport,
 ) -> AsyncIterator[StreamPiece]:
     """The body's events, one piece per read as the socket gave it (the splitter finds
     the events, so a long event line is no aiohttp ``LineTooLong``), at most ``limit``
@@ -138,12 +140,12 @@ async def _events(
     carries the request id, which a stream whose first event fails would otherwise
     lose. The loop of ``iter_pieces``, inlined (one generator fewer on every read),
     with the wait for each read bounded by ``ReadGapWatch`` (one timer per stream)."""
-    splitter = EventSplitter()
+    scrub = transport.scrub_bytes
     read = resp.content.readany
     gaps = ReadGapWatch(resp, timeout)
     size = 0
     try:
-        with mapped(partial=True, provider_request_id=request_id):
+        with mapped(partial=True, provider_request_id=splitter.provider_request_id):
             while True:
                 gaps.since = gaps.now()
                 chunk = await read()
@@ -153,7 +155,7 @@ async def _events(
                 size += len(chunk)
                 if size > limit:
                     raise oversized(limit, partial=True)
-                piece = splitter.feed(chunk)
+                piece = splitter.events(chunk)
                 if piece is not None:
                     yield _scrubbed(piece, scrub)
                 if splitter.failure is not None:
@@ -180,22 +182,3 @@ def _scrubbed(piece: StreamPiece, scrub: Callable[[bytes], bytes]) -> StreamPiec
 
 def _malformed(exc: MalformedEvent) -> AttemptFailed:
     return AttemptFailed("protocol", 200, detail=str(exc), partial=True)
-
-
-def openai_failure(status: int, headers: Mapping[str, str], payload: bytes) -> AttemptFailed:
-    """A non-200 answer of an OpenAI-compatible upstream, its envelope read once."""
-    return AttemptFailed(
-        "status",
-        status,
-        retry_after=parse_retry_after(headers),
-        error=_error_detail(payload),
-        provider_request_id=headers.get("x-request-id"),
-    )
-
-
-def _error_detail(payload: bytes) -> UpstreamErrorDetail | None:
-    try:
-        err = _error_decoder.decode(payload).error
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    return UpstreamErrorDetail(err.message, code=err.code, param=err.param)

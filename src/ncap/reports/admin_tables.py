@@ -26,6 +26,7 @@ def budget_alerts(source: LedgerSource, window: Window) -> list[Alert]:
     sql = (
         "SELECT subject, scope, period, threshold_pct, fired_at, spent_micros, limit_micros,"
         " delivered FROM budget_alerts WHERE fired_at >= ? AND fired_at < ?"
+        " AND scope <> 'candidates'"
         " ORDER BY fired_at, scope, threshold_pct"
     )
     try:
