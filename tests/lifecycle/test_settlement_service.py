@@ -14,12 +14,15 @@ from typing import Any
 import msgspec
 import pytest
 
+from ncap.errors import StoreUnavailable
 from ncap.http.signals import RequestSignals
 from ncap.lifecycle import Accounting, Attempt, AttemptReport, Gateway, Plan, Settlement
 from ncap.lifecycle.attempts import for_route
+from ncap.lifecycle.settlement import Deferred
 from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.protocol.validate import parse_chat_request
+from ncap.stores import MemoryLedgerStore
 from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
 from tests.lifecycle.harness import CALLER, EMULATE, Harness, harness, route, settled
 
@@ -91,6 +94,34 @@ async def test_the_hold_is_settled_before_the_loop_reads_the_next_request(
     for _ in range(3):  # the batch task's first step, then its gathered child's
         await asyncio.sleep(0)
     assert await h.outstanding() == []
+
+
+class LedgerDown(MemoryLedgerStore):
+    """Rows are written, but their final state cannot be (the ledger went away)."""
+
+    async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
+        raise StoreUnavailable("ledger", "PostgreSQL", "ConnectionError")
+
+
+async def test_a_hold_is_settled_at_once_while_rows_wait_for_the_ledger(tmp_path: Path) -> None:
+    """Settlements waiting for a store are kept in order, but only their rows wait: a
+    later answer's hold is settled at once (its concurrency slot free), not queued
+    behind the rows."""
+    answers = [Answer(chat_body("x")), Answer(chat_body("y"))]
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))}, ledger=LedgerDown())
+    settlement = Settlement(h.metrics, deferred=Deferred(sleep=_never))
+    gw = _with_settlement(h, settlement)
+    for request_id in ("req-1", "req-2"):
+        assert (await gw.chat(_raw(), CALLER, request_id)).settling
+        await settlement.drain()
+    assert settlement.pending == 2  # both rows wait for the ledger, in order
+    assert await h.outstanding() == []  # both holds are settled
+    assert [(await h.rows(r))[0].state for r in ("req-1", "req-2")] == ["reserved"] * 2
+    await settlement.stop()
+
+
+async def _never(seconds: float) -> None:
+    await asyncio.Event().wait()
 
 
 async def test_a_fan_out_is_settled_as_one_request(tmp_path: Path) -> None:

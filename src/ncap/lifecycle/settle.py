@@ -405,9 +405,9 @@ class Accounting:
         """Every hold first, then each row in order; a failing settlement does not keep
         the others from running (the first failure is raised after them)."""
         steps = [Steps([c.hold_step, c.row_step]) for c in closings]
-        if len(closings) == 1:  # one answer: its hold, then its row
-            await self._finish(closings[0], steps[0])
-            return
+        # the holds run at once, even while earlier settlements wait for a store that
+        # is down (the deferred queue keeps whole settlements in order): the slots
+        # free now; only the rows wait their turn
         for first in steps:
             # a failed hold step stays first in its steps: ``_finish`` runs it again
             # (deferred while its store is down) and a failure is reported there
