@@ -34,9 +34,9 @@ from pathlib import Path
 import aiohttp
 import benchlib as bl
 
+from ncap.lifecycle.attempt_report import Tally
 from ncap.lifecycle.evidence import EvidenceFeed
 from ncap.lifecycle.relay import _take
-from ncap.lifecycle.reports import Tally
 from ncap.streaming.sse import StreamEvent, iter_events
 from ncap.testing._fake_content import choice_text, labelled_choice
 from ncap.testing._fake_render import Generation, chat_events

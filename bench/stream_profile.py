@@ -60,7 +60,7 @@ def switch_off(case: str) -> None:
         # ``[DONE]`` is still found (its decode fails): the stream must end as it does
         sse._decode_summary = lambda data: blank if data[:1] == b"{" else decode(data)
     elif case == "no-tally":
-        from ncap.lifecycle.reports import Tally
+        from ncap.lifecycle.attempt_report import Tally
 
         Tally.add_all = lambda self, summaries: False  # type: ignore[method-assign]
     elif case == "no-watchdog":

@@ -92,6 +92,11 @@ def harness(
     return Harness(gw, ledger, budgets, metrics, sleeps)
 
 
+async def settled(gateway: Gateway) -> None:
+    """Every whole answer's settlement handed to the settlement service so far, run."""
+    await gateway.accounting.settlement.drain()
+
+
 async def drain(stream: AsyncIterator[bytes] | None) -> list[bytes]:
     assert stream is not None
     return [chunk async for chunk in stream]

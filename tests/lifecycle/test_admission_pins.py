@@ -33,7 +33,17 @@ from ncap.lifecycle.asked import input_estimate
 from ncap.lifecycle.plan import Attempt, Plan
 from ncap.providers.base import AttemptFailed, RequestKind, UpstreamResult
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import CALLER, EMULATE, NATIVE, Harness, drain, events, harness, route
+from tests.lifecycle.harness import (
+    CALLER,
+    EMULATE,
+    NATIVE,
+    Harness,
+    drain,
+    events,
+    harness,
+    route,
+    settled,
+)
 
 RETRIED = Caller("default", "test", client_retry_count=3)
 OVERLOADED = Fail(AttemptFailed("status", 503))
@@ -167,8 +177,8 @@ async def test_a_legacy_policy_denial_is_a_completions_plan(tmp_path: Path) -> N
 
 async def _reserved(h: Harness, **body: Any) -> tuple[int, int]:
     reply = await h.chat(**body)
-    if reply.after is not None:
-        await reply.after
+    if reply.settling:
+        await settled(h.gateway)
     rows = await h.rows()
     return rows[0].reserved_input_tokens, rows[0].reserved_output_tokens
 
@@ -194,8 +204,8 @@ async def test_a_contract_with_a_max_age_is_judged_at_the_accountings_clock(
     fresh = NATIVE | {"max_age": "30d", "verified_at": verified}
     h = harness(tmp_path, {"a": (route(fresh), ScriptedProvider([Answer(chat_body("x", "y"))]))})
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.status == 200 and reply.after is not None
-    await reply.after
+    assert reply.status == 200 and reply.settling
+    await settled(h.gateway)
 
 
 @pytest.mark.parametrize(
@@ -217,8 +227,8 @@ async def test_a_contract_verified_for_another_provider_or_model_is_stale(
             await h.chat(n=2, temperature=1.0)
     else:
         reply = await h.chat(n=2, temperature=1.0)
-        assert reply.after is not None
-        await reply.after
+        assert reply.settling
+        await settled(h.gateway)
 
 
 # -- the legacy endpoint's own rules --------------------------------------------------------
@@ -259,8 +269,8 @@ async def test_a_batch_of_prompts_is_refused_word_for_word(tmp_path: Path, promp
 async def test_one_prompt_in_any_form_is_served(tmp_path: Path, prompt: Any) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(_completion_body())]))})
     reply = await _legacy(h, prompt=prompt)
-    assert reply.status == 200 and reply.after is not None
-    await reply.after
+    assert reply.status == 200 and reply.settling
+    await settled(h.gateway)
 
 
 def _gemini() -> dict[str, Any]:
@@ -342,12 +352,12 @@ async def test_each_attempt_gets_its_routes_timeout_and_endpoint(tmp_path: Path)
     provider = Recording([Answer(chat_body("x")), Stream(text), Answer(_completion_body())])
     h = harness(tmp_path, {"a": (route(timeout_s=7), provider)})
     reply = await h.chat()
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     await drain((await h.chat("req-2", stream=True)).stream)
     legacy = await _legacy(h, "req-3")
-    assert legacy.after is not None
-    await legacy.after
+    assert legacy.settling
+    await settled(h.gateway)
     assert provider.calls == [(7.0, "chat"), (7.0, "chat"), (7.0, "completions")]
 
 
@@ -366,8 +376,8 @@ async def test_a_fallback_gets_only_the_extra_fields_it_allows(tmp_path: Path) -
     routes = {"a": (route(retries=0, extra_fields=["top_k"]), primary), "b": (route(), fallback)}
     h = harness(tmp_path, routes)
     reply = await h.chat(top_k=5)
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     assert primary.sent[0]["top_k"] == 5
     assert "top_k" not in fallback.sent[0]
 
@@ -382,8 +392,8 @@ async def test_a_retry_waits_the_upstreams_retry_after(tmp_path: Path) -> None:
     busy = Fail(AttemptFailed("status", 503, retry_after=2.5))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([busy, Answer(chat_body("x"))]))})
     reply = await h.chat()
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     assert h.sleeps == [2.5]
 
 
@@ -406,8 +416,8 @@ async def test_every_row_names_the_budget_stores_real_scope(tmp_path: Path) -> N
         workloads={"default": {"requests_per_minute": 1}},
     )
     reply = await h.gateway.chat(_raw(), RETRIED, "req-1")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     (answered,) = await h.rows("req-1")
     assert (answered.quota_scope, answered.client_retry_count) == ("host", 3)
     with pytest.raises(RateLimited):
@@ -431,8 +441,8 @@ async def test_an_idempotent_repeat_names_the_budget_stores_real_scope(tmp_path:
         idempotency=SQLiteIdempotency(budgets),
     )
     reply = await gw.chat(_raw(), CALLER, "req-1", idempotency_key="k")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(gw)
     with pytest.raises(IdempotencyKeyReused):
         await gw.chat(_raw(), CALLER, "req-2", idempotency_key="k")
     (row,) = await h.rows("req-2")
@@ -453,8 +463,8 @@ async def test_an_exceptions_policy_result_and_reason_reach_the_row(tmp_path: Pa
     answer = Answer(chat_body(*"abcdef"))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([answer]))}, exceptions=exceptions)
     reply = await h.chat(n=6, temperature=1.0)
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     (row,) = await h.rows()
     assert (row.policy_result, row.exception_id) == ("allow", "eval")
     assert row.policy_reason not in (None, "within_default")
@@ -466,12 +476,12 @@ async def test_each_workload_has_its_own_windows(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))}, workloads=workloads)
     for rid in ("req-1", "req-2"):
         reply = await h.chat(rid)
-        assert reply.after is not None
-        await reply.after
+        assert reply.settling
+        await settled(h.gateway)
     tight = Caller("tight", "test")
     reply = await h.gateway.chat(_raw(), tight, "req-3")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     with pytest.raises(RateLimited):
         await h.gateway.chat(_raw(), tight, "req-4")
 
@@ -479,8 +489,8 @@ async def test_each_workload_has_its_own_windows(tmp_path: Path) -> None:
 async def test_an_admitted_request_is_counted_by_workload_and_reason(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x", "y"))]))})
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     sample = h.metrics.registry.get_sample_value
     labels = {"workload": "default", "policy_result": "allow", "reason": "within_default"}
     assert sample("ncap_requests_total", labels) == 1
@@ -494,8 +504,8 @@ async def test_the_plan_of_an_admitted_request(tmp_path: Path) -> None:
     observer = Observer()
     gw = _observed(h, observer, clock)
     reply = await gw.chat(_raw(), CALLER, "req-1")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(gw)
     (plan,) = observer.plans
     assert (plan.timestamp, plan.alias, plan.kind) == (clock, "m", "chat")
     assert plan.started > 0
@@ -530,8 +540,8 @@ async def _fallback_served(tmp_path: Path, fallback_contract: dict[str, Any]) ->
     h = harness(tmp_path, routes)
     try:
         reply = await h.chat(n=2, temperature=1.0)
-        assert reply.after is not None
-        await reply.after
+        assert reply.settling
+        await settled(h.gateway)
     except Overloaded:
         pass
     return fallback.sent
@@ -562,16 +572,16 @@ async def test_the_legacy_count_is_best_of_else_n(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))})
     for rid, body in (("req-1", {"best_of": 1}), ("req-2", {"n": 1})):
         reply = await h.gateway.completions(_legacy_raw(**body), CALLER, rid)
-        assert reply.after is not None
-        await reply.after
+        assert reply.settling
+        await settled(h.gateway)
     assert [(await h.rows(r))[0].requested_candidate_count for r in ("req-1", "req-2")] == [1, 1]
 
 
 async def test_best_of_above_an_absent_n_returns_one(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(_completion_body())]))})
     reply = await h.gateway.completions(_legacy_raw(best_of=3, temperature=1), CALLER, "req-1")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     (row,) = await h.rows()
     assert (row.requested_candidate_count, row.state) == (3, "settled")
 
@@ -583,8 +593,8 @@ async def test_n_candidates_all_returned_may_be_emulated(
     answers = [Answer(_completion_body("a")), Answer(_completion_body("b"))]
     h = harness(tmp_path, {"a": (route(EMULATE), ScriptedProvider(answers))})
     reply = await h.gateway.completions(_legacy_raw(temperature=1, **body), CALLER, "req-1")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     assert [c["index"] for c in msgspec.json.decode(reply.body)["choices"]] == [0, 1]
     assert msgspec.json.decode(reply.body)["id"] == "cmpl-req-1"
 
@@ -620,8 +630,8 @@ async def test_an_unknown_or_forbidden_model_word_for_word(tmp_path: Path) -> No
         )
         assert info.value.param == "model"
     reply = await h.chat()  # the alias the workload allows
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
 
 
 async def test_a_key_without_a_store_and_a_store_without_a_key(tmp_path: Path) -> None:
@@ -630,21 +640,21 @@ async def test_a_key_without_a_store_and_a_store_without_a_key(tmp_path: Path) -
     answers = [Answer(chat_body("x")), Answer(chat_body("y"))]
     h = harness(tmp_path, {"a": (route(), ScriptedProvider(answers))})
     reply = await h.gateway.chat(_raw(), CALLER, "req-1", idempotency_key="k")  # no store
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     gw = Gateway(
         h.gateway.config, h.gateway.routes, h.gateway.accounting, idempotency=MemoryIdempotency()
     )
     reply = await gw.chat(_raw(), CALLER, "req-2")  # no key: no hook
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(gw)
 
 
 async def test_a_legacy_best_of_of_zero_counts_as_absent(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(_completion_body())]))})
     reply = await h.gateway.completions(_legacy_raw(best_of=0), CALLER, "req-1")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     (row,) = await h.rows()
     assert (row.requested_candidate_count, row.effective_candidate_count) == (None, 1)
 
@@ -660,7 +670,7 @@ async def test_a_legacy_best_of_over_the_maximum_is_refused_by_that_name(tmp_pat
 async def test_a_legacy_max_tokens_of_zero_reserves_one_token_a_candidate(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(_completion_body())]))})
     reply = await _legacy(h, max_tokens=0)
-    if reply.after is not None:
-        await reply.after
+    if reply.settling:
+        await settled(h.gateway)
     (row,) = await h.rows()
     assert row.reserved_output_tokens == 1  # a bound, never short, and no more

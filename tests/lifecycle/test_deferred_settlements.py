@@ -9,7 +9,7 @@ import pytest
 
 from ncap.errors import StoreUnavailable
 from ncap.lifecycle import Accounting
-from ncap.lifecycle.settle import Deferred, _Steps
+from ncap.lifecycle.settlement import Deferred, Steps
 
 
 class Flaky:
@@ -34,8 +34,8 @@ async def _no_sleep(_: float) -> None:
 async def test_kept_settlements_resume_in_order_until_the_store_answers() -> None:
     store = Flaky(failures=3)
     deferred = Deferred(sleep=_no_sleep)
-    await deferred.run(_Steps([store.step("hold-1"), store.step("row-1")]))
-    await deferred.run(_Steps([store.step("hold-2"), store.step("row-2")]))  # queued behind
+    await deferred.run(Steps([store.step("hold-1"), store.step("row-1")]))
+    await deferred.run(Steps([store.step("hold-2"), store.step("row-2")]))  # queued behind
     assert deferred.pending == 2 and store.done == []
     for _ in range(100):  # the retry task: fails twice more, then applies both
         if not deferred.pending:
@@ -47,9 +47,9 @@ async def test_kept_settlements_resume_in_order_until_the_store_answers() -> Non
 async def test_the_backlog_is_bounded() -> None:
     store = Flaky(failures=100)
     deferred = Deferred(max_pending=1, sleep=_no_sleep, first_delay_s=10)
-    await deferred.run(_Steps([store.step("a")]))
+    await deferred.run(Steps([store.step("a")]))
     with pytest.raises(StoreUnavailable):
-        await deferred.run(_Steps([store.step("b")]))
+        await deferred.run(Steps([store.step("b")]))
     assert deferred.pending == 1
 
 

@@ -13,7 +13,7 @@ from ncap.lifecycle import Gateway
 from ncap.lifecycle.idempotency import IN_FLIGHT_S
 from ncap.stores.memory.idempotency import MemoryIdempotency
 from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
-from tests.lifecycle.harness import CALLER, harness, route
+from tests.lifecycle.harness import CALLER, harness, route, settled
 
 RAW = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
@@ -39,8 +39,8 @@ async def test_a_store_error_after_the_answer_keeps_the_answer_and_its_settlemen
     store = SwapFails()
     gw = Gateway(h.gateway.config, h.gateway.routes, h.gateway.accounting, idempotency=store)
     reply = await gw.chat(RAW, CALLER, "req-1", idempotency_key="k")
-    assert reply.status == 200 and reply.after is not None
-    await reply.after
+    assert reply.status == 200 and reply.settling
+    await settled(gw)
     (row,) = await h.rows()
     assert row.state == "settled" and await h.outstanding() == []
     assert store.claim_ttls == [min(IN_FLIGHT_S, gw.config.server.idempotency_ttl_s)]

@@ -28,7 +28,7 @@ from ncap.lifecycle.idempotency import IN_FLIGHT_S
 from ncap.providers.base import AttemptFailed
 from ncap.stores.memory.idempotency import MemoryIdempotency
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import CALLER, Harness, drain, harness, route
+from tests.lifecycle.harness import CALLER, Harness, drain, harness, route, settled
 
 TTL = 120.0
 _encode_bytes = msgspec.json.encode
@@ -75,8 +75,8 @@ def _gateway(
 async def _answered(gw: Gateway, raw: bytes, request_id: str, key: str = "k") -> bytes:
     reply = await gw.chat(raw, CALLER, request_id, idempotency_key=key)
     assert reply.status == 200
-    if reply.after is not None:
-        await reply.after
+    if reply.settling:
+        await settled(gw)
     if reply.stream is not None:
         return b"".join(await drain(reply.stream))
     return reply.body
@@ -170,8 +170,8 @@ async def test_a_stream_is_never_replayed_and_says_so(tmp_path: Path) -> None:
 async def test_a_kept_answer_is_replayed_with_its_headers(tmp_path: Path) -> None:
     h, gw, provider, _ = _gateway(tmp_path, [Answer(chat_body("a"))], keep=True)
     first = await gw.chat(_raw(), CALLER, "req-1", idempotency_key="k")
-    assert first.after is not None
-    await first.after
+    assert first.settling
+    await settled(gw)
     replay = await gw.chat(_raw(), CALLER, "req-2", idempotency_key="k")
     assert (replay.status, replay.body, replay.stream) == (200, first.body, None)
     assert replay.headers == first.headers | {"x-ncap-idempotent-replay": "req-1"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from ncap.protocol.validate import parse_chat_request
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryLedgerStore
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import CALLER, EMULATE, drain, events, harness, route
+from tests.lifecycle.harness import CALLER, EMULATE, drain, events, harness, route, settled
 
 OVERLOADED = Fail(AttemptFailed("status", 503))
 
@@ -24,9 +25,9 @@ async def test_retry_then_success(tmp_path: Path) -> None:
     provider = ScriptedProvider([OVERLOADED, Answer(chat_body("hello"))])
     h = harness(tmp_path, {"a": (route(), provider)})
     reply = await h.chat()
-    assert reply.status == 200 and reply.after is not None
+    assert reply.status == 200 and reply.settling
     assert msgspec.json.decode(reply.body)["choices"][0]["message"]["content"] == "hello"
-    await reply.after
+    await settled(h.gateway)
     first, second = await h.rows()
     assert (first.attempt, first.state, first.cost_micros) == (1, "settled", 0)  # refused
     assert (second.attempt, second.state, second.input_tokens) == (2, "settled", 10)
@@ -60,8 +61,8 @@ async def test_fallback_serves_n_1_when_the_primary_is_spent(tmp_path: Path) -> 
     single = {"candidates": "native", "max_candidates": 1}
     h = harness(tmp_path, {"a": (route(), primary), "b": (route(single), fallback)})
     reply = await h.chat()
-    assert reply.headers["x-ncap-route"] == "b" and reply.after is not None
-    await reply.after
+    assert reply.headers["x-ncap-route"] == "b" and reply.settling
+    await settled(h.gateway)
     assert [(r.attempt, r.route_id) for r in await h.rows()] == [
         (1, "a"),
         (2, "a"),
@@ -102,8 +103,8 @@ async def test_fan_out_merges_branches_in_order(tmp_path: Path) -> None:
     assert [(c["index"], c["message"]["content"]) for c in body["choices"]] == [(0, "x"), (1, "y")]
     assert body["id"] == "chatcmpl-req-1"
     assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}
-    assert reply.headers["x-ncap-candidates-returned"] == "2" and reply.after is not None
-    await reply.after
+    assert reply.headers["x-ncap-candidates-returned"] == "2" and reply.settling
+    await settled(h.gateway)
 
 
 async def test_fan_out_stream_rebases_each_branch(tmp_path: Path) -> None:
@@ -182,13 +183,17 @@ async def test_a_failed_reserved_row_write_is_raised_and_releases_the_hold(tmp_p
     assert await h.outstanding() == []
 
 
-async def test_a_failed_settlement_write_is_raised_not_swallowed(tmp_path: Path) -> None:
+async def test_a_failed_settlement_write_is_logged_and_counted_not_swallowed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     provider = ScriptedProvider([Answer(chat_body("answered"))])
     h = harness(tmp_path, {"a": (route(), provider)}, ledger=FailingLedger(on="update"))
     reply = await h.chat()
-    assert reply.status == 200 and reply.after is not None
-    with pytest.raises(OSError, match="disk full"):
-        await reply.after
+    assert reply.status == 200 and reply.settling
+    with caplog.at_level(logging.ERROR, logger="ncap.lifecycle"):
+        await settled(h.gateway)
+    assert [r.getMessage() for r in caplog.records] == ["settlement failed: OSError"]
+    assert h.metrics.registry.get_sample_value("ncap_bookkeeping_failures_total") == 1
     (row,) = await h.rows()
     assert row.state == "reserved"  # left for recovery (gateway_lost), never faked
 
@@ -197,7 +202,13 @@ async def test_an_attempt_is_closed_exactly_once(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))})
     accounting = h.gateway.accounting
     body, request = parse_chat_request(b'{"model":"m","messages":[{"role":"user","content":"x"}]}')
-    admitter = Admitter(h.gateway.config, accounting)
+    admitter = Admitter(
+        h.gateway.config,
+        accounting,
+        grants=accounting.grants,
+        metrics=accounting.metrics,
+        clock=accounting.clock,
+    )
     plan, holds = await admitter.admit("req-2", CALLER, request, body, [h.gateway.routes["a"]])
     attempt = await accounting.begin(plan, holds, 1, plan.usable_routes[0])
     await accounting.failed(attempt, AttemptFailed("timeout"))

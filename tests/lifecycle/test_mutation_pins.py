@@ -26,10 +26,11 @@ from ncap.errors import (
 )
 from ncap.lifecycle import Caller, attempts
 from ncap.lifecycle.asked import candidate_param
+from ncap.lifecycle.attempt_report import Tally, summed_usage
 from ncap.lifecycle.failures import as_failure, client_error, ledger_outcome
+from ncap.lifecycle.final_row import _whole_need
 from ncap.lifecycle.plan import RouteRuntime
-from ncap.lifecycle.reports import Tally, summed_usage
-from ncap.lifecycle.settle import Deferred, _Steps, _whole_need
+from ncap.lifecycle.settlement import Deferred, Steps
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest
 from ncap.protocol.responses import ResponseSummary, SummaryUsage, SummaryUsageDetails
@@ -37,7 +38,7 @@ from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryLedgerStore
 from ncap.stores.ports import hold_id_for
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import CALLER, EMULATE, drain, events, harness, route
+from tests.lifecycle.harness import CALLER, EMULATE, drain, events, harness, route, settled
 
 OVERLOADED_503 = Fail(AttemptFailed("status", 503))
 RATE = UpstreamErrorDetail("Rate limit reached", code="rate_limit_exceeded")
@@ -133,8 +134,8 @@ async def test_every_identity_field_of_an_answered_row(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(upstream_model="up-model"), provider)})
     before = datetime.now(UTC)
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     (row,) = await h.rows()
     got = {name: getattr(row, name) for name in ROW_FIELDS}
     assert got == {
@@ -163,8 +164,8 @@ async def test_every_identity_field_of_an_answered_row(tmp_path: Path) -> None:
 async def test_the_upstream_model_defaults_to_the_alias(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("a"))]))})
     reply = await h.chat()
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     (row,) = await h.rows()
     assert row.upstream_model == "m"
 
@@ -229,8 +230,8 @@ async def test_a_settled_attempt_moves_its_actuals_into_the_budget(tmp_path: Pat
     provider = ScriptedProvider([Answer(chat_body("a", usage=(10, 5)))])
     h = harness(tmp_path, {"a": (route(), provider)})
     reply = await h.chat()
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     (row,) = await h.rows()
     usage = await h.budgets.usage(CALLER.workload_id)
     assert row.cost_micros == 20  # 10 in at 1 USD/M + 5 out at 2 USD/M
@@ -423,14 +424,14 @@ async def test_shutdown_tries_kept_settlements_once_more(caplog: pytest.LogCaptu
         await asyncio.sleep(3600)  # the retry task never gets to try before close
 
     deferred = Deferred(sleep=wait)
-    await deferred.run(_Steps([flaky]))
+    await deferred.run(Steps([flaky]))
     assert deferred.pending == 1
     await deferred.close()
     assert (done, deferred.pending) == (["applied"], 0)
 
     stuck = Deferred(sleep=wait)
-    await stuck.run(_Steps([never]))
-    await stuck.run(_Steps([never]))
+    await stuck.run(Steps([never]))
+    await stuck.run(Steps([never]))
     with caplog.at_level(logging.ERROR, "ncap.lifecycle"):
         await stuck.close()
     assert stuck.pending == 2
@@ -455,7 +456,7 @@ async def test_shutdown_retries_kept_settlements_until_its_deadline() -> None:
         slept.append(delay)
 
     deferred = Deferred(sleep=instant, first_delay_s=0.001, max_delay_s=0.004)
-    deferred._keep(_Steps([flaky]), None)  # queued as a refused settlement is
+    deferred._keep(Steps([flaky]), None)  # queued as a refused settlement is
     assert await deferred.close(deadline_s=5.0) == 0
     assert done == ["applied"] and slept == [0.001, 0.002, 0.004]  # backoff, capped
 
@@ -463,7 +464,7 @@ async def test_shutdown_retries_kept_settlements_until_its_deadline() -> None:
         raise StoreUnavailable("budgets", "Redis", "ConnectionError")
 
     stuck = Deferred(sleep=instant, first_delay_s=0.001, max_delay_s=0.001)
-    stuck._keep(_Steps([never]), None)
+    stuck._keep(Steps([never]), None)
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await stuck.close(deadline_s=0.05) == 1  # given up at the deadline, kept

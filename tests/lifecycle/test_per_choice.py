@@ -10,12 +10,12 @@ import pytest
 
 from ncap.lifecycle import Reply
 from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
-from tests.lifecycle.harness import EMULATE, Harness, harness, route
+from tests.lifecycle.harness import EMULATE, Harness, harness, route, settled
 
 
 async def _settled_rows(h: Harness, reply: Reply) -> None:
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from ncap.errors import InvalidRequest, RouteDoesNotSupportCandidates
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, chat_body
-from tests.lifecycle.harness import CALLER, harness, route
+from tests.lifecycle.harness import CALLER, harness, route, settled
 
 
 def _refusal() -> Fail:
@@ -59,8 +59,8 @@ async def test_a_candidates_refusal_falls_back_without_retrying(tmp_path: Path) 
     fallback = ScriptedProvider([Answer(chat_body("c0", "c1"))])
     h = harness(tmp_path, {"a": (route(), primary), "b": (route(), fallback)})
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.status == 200 and reply.after is not None
-    await reply.after
+    assert reply.status == 200 and reply.settling
+    await settled(h.gateway)
     assert len(primary.sent) == 1 and len(fallback.sent) == 1
     rows = await h.rows()
     assert [(r.route_id, r.state) for r in rows] == [("a", "settled"), ("b", "settled")]
@@ -94,8 +94,8 @@ async def test_completions_reach_the_provider_as_the_legacy_kind(tmp_path: Path)
     h = harness(tmp_path, {"a": (route(), provider)})
     raw = msgspec.json.encode({"model": "m", "prompt": "p", "n": 2, "best_of": 4})
     reply = await h.gateway.completions(raw, CALLER, "req-1")
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     assert provider.kinds == ["completions"]
     sent: dict[str, Any] = dict(provider.sent[0])
     assert (sent["n"], sent["best_of"], sent["max_tokens"]) == (2, 4, 16)

@@ -20,7 +20,7 @@ from ncap.errors import Overloaded, UpstreamError
 from ncap.providers.base import AttemptFailed
 from ncap.streaming.sse import StreamPiece, iter_pieces
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import CALLER, EMULATE, Harness, drain, events, harness, route
+from tests.lifecycle.harness import CALLER, EMULATE, Harness, drain, events, harness, route, settled
 
 _encode = msgspec.json.Encoder().encode
 STREAMED = {"content-type": "text/event-stream", "cache-control": "no-cache"}
@@ -38,8 +38,8 @@ def _reserved(h: Harness, request_id: str = "req-1") -> Any:
 async def test_a_whole_answer_and_its_headers(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x", "y"))]))})
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.status == 200 and reply.stream is None and reply.after is not None
-    await reply.after
+    assert reply.status == 200 and reply.stream is None and reply.settling
+    await settled(h.gateway)
     assert reply.headers == {
         "x-ncap-route": "a",
         "x-ncap-candidates-requested": "2",
@@ -55,8 +55,8 @@ async def test_a_whole_answer_and_its_headers(tmp_path: Path) -> None:
 async def test_a_request_without_n_says_omitted(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("x"))]))})
     reply = await h.chat()
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     assert reply.headers["x-ncap-candidates-requested"] == "omitted"
     assert reply.headers["x-ncap-candidates-effective"] == "1"
     assert reply.headers["x-ncap-candidates-returned"] == "1"
@@ -90,8 +90,8 @@ async def test_a_fan_out_answer_its_headers_and_the_first_branchs_fields(tmp_pat
     provider = ScriptedProvider([Answer(_body("x", model="m-1")), Answer(_body("y", model="m-2"))])
     h = harness(tmp_path, {"a": (route(EMULATE), provider)})
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.status == 200 and reply.after is not None
-    await reply.after
+    assert reply.status == 200 and reply.settling
+    await settled(h.gateway)
     assert reply.headers == {
         "x-ncap-route": "a",
         "x-ncap-candidates-requested": "2",
@@ -117,8 +117,8 @@ async def test_a_fan_out_answer_without_every_branchs_usage_has_none(tmp_path: P
     )
     h = harness(tmp_path, {"a": (route(EMULATE), provider)})
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     body = msgspec.json.decode(reply.body)
     assert "usage" not in body
     assert [c["index"] for c in body["choices"]] == [0, 1]
@@ -338,8 +338,8 @@ async def test_a_fan_out_whose_first_branch_has_no_usage_has_none(tmp_path: Path
     )
     h = harness(tmp_path, {"a": (route(EMULATE), provider)})
     reply = await h.chat(n=2, temperature=1.0)
-    assert reply.after is not None
-    await reply.after
+    assert reply.settling
+    await settled(h.gateway)
     assert "usage" not in msgspec.json.decode(reply.body)
 
 

@@ -15,7 +15,7 @@ from ncap.errors import BudgetExhausted, StoreUnavailable
 from ncap.stores import MemoryBudgetStore, MemoryLedgerStore
 from ncap.stores.ports import Hold
 from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
-from tests.lifecycle.harness import EMULATE, harness, route
+from tests.lifecycle.harness import EMULATE, harness, route, settled
 
 
 class RoundTripBudgets(MemoryBudgetStore):
@@ -72,8 +72,8 @@ async def test_the_hold_and_the_row_are_in_flight_together_and_the_row_is_writte
     provider = ScriptedProvider([Answer(chat_body("x"))])
     h = harness(tmp_path, {"a": (route(), provider)}, ledger=ledger, budgets=budgets)
     reply = await h.chat()
-    assert reply.status == 200 and reply.after is not None
-    await reply.after
+    assert reply.status == 200 and reply.settling
+    await settled(h.gateway)
     (row,) = await h.rows()  # begin() did not write a second reserved row
     assert (row.attempt, row.state, row.policy_result) == (1, "settled", "allow")
     assert row.quota_scope == "global"
@@ -131,6 +131,6 @@ async def test_a_fan_out_reserves_its_branches_as_before(tmp_path: Path) -> None
         tmp_path, {"a": (route(EMULATE), ScriptedProvider(answers))}, ledger=ledger, budgets=budgets
     )
     reply = await h.chat(n=2, temperature=1.0)
-    if reply.after is not None:
-        await reply.after
+    if reply.settling:
+        await settled(h.gateway)
     assert [(r.attempt, r.state) for r in await h.rows()] == [(1, "settled"), (2, "settled")]

@@ -27,14 +27,14 @@ from ncap.errors import (
 )
 from ncap.lifecycle import Accounting, Gateway
 from ncap.lifecycle.plan import Attempt, Plan
-from ncap.lifecycle.settle import Deferred, _Steps
+from ncap.lifecycle.settlement import Deferred, Steps
 from ncap.protocol.responses import Usage
 from ncap.protocol.validate import parse_chat_request
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryBudgetStore
 from ncap.streaming.sse import StreamPiece, iter_pieces
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
-from tests.lifecycle.harness import CALLER, EMULATE, Harness, drain, harness, route
+from tests.lifecycle.harness import CALLER, EMULATE, Harness, drain, harness, route, settled
 
 NOW = datetime(2026, 11, 29, 10, 15, 30, tzinfo=UTC)
 
@@ -43,9 +43,9 @@ def _sample(h: Harness, name: str, **labels: str) -> float | None:
     return h.metrics.registry.get_sample_value(name, labels)
 
 
-async def _settled(reply: Any) -> None:
-    if reply.after is not None:
-        await reply.after
+async def _settled(h: Harness, reply: Any) -> None:
+    if reply.settling:
+        await settled(h.gateway)
     if reply.stream is not None:
         await drain(reply.stream)
 
@@ -94,7 +94,7 @@ async def _no_sleep(_: float) -> None:
 async def test_observers_are_told_each_final_row(tmp_path: Path) -> None:
     observer = Observer()
     h = _observed(tmp_path, [Answer(chat_body("a"))], observer)
-    await _settled(await h.chat())
+    await _settled(h, await h.chat())
     ((plan, attempt, final, outcome),) = observer.seen
     assert plan.request_id == "req-1" and outcome == "completed"
     assert attempt is not None and (attempt.number, attempt.route.id) == (1, "a")
@@ -113,7 +113,7 @@ async def test_observers_are_told_of_a_denial_with_its_plan(tmp_path: Path) -> N
         observer,
         workloads={"default": {"requests_per_minute": 1}},
     )
-    await _settled(await h.chat("req-1"))
+    await _settled(h, await h.chat("req-1"))
     with pytest.raises(RateLimited):
         await h.chat("req-2")
     plan, attempt, final, outcome = observer.seen[-1]
@@ -130,7 +130,7 @@ async def test_an_observers_bug_is_logged_and_the_settlement_stands(
 ) -> None:
     h = _observed(tmp_path, [Answer(chat_body("a"))], Observer(fails=True))
     with caplog.at_level(logging.ERROR, "ncap.lifecycle"):
-        await _settled(await h.chat())
+        await _settled(h, await h.chat())
     assert caplog.messages == ["attempt observer failed: ValueError"]
     (row,) = await h.rows()
     assert row.state == "settled"
@@ -142,7 +142,7 @@ async def test_an_observers_bug_is_logged_and_the_settlement_stands(
 async def test_an_answer_row_keeps_the_providers_own_id_and_every_finish(tmp_path: Path) -> None:
     answer = Answer(chat_body("a", "b", usage=(7, 4)), provider_request_id="hdr-1")
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([answer]))})
-    await _settled(await h.chat(n=2, temperature=1.0))
+    await _settled(h, await h.chat(n=2, temperature=1.0))
     (row,) = await h.rows()
     assert (row.provider_request_id, row.finish_reasons) == ("hdr-1", {"stop": 2})
     assert (row.usage_source, row.cached_input_tokens, row.reasoning_tokens) == (
@@ -155,7 +155,7 @@ async def test_an_answer_row_keeps_the_providers_own_id_and_every_finish(tmp_pat
 
 async def test_one_native_choice_is_not_split_from_the_total(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("a"))]))})
-    await _settled(await h.chat())
+    await _settled(h, await h.chat())
     (row,) = await h.rows()
     assert row.output_tokens_per_choice is None
 
@@ -168,7 +168,7 @@ async def test_reasoning_and_cached_tokens_reach_the_row(tmp_path: Path) -> None
     }
     answer = Answer(msgspec.json.encode(body))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([answer]))})
-    await _settled(await h.chat())
+    await _settled(h, await h.chat())
     (row,) = await h.rows()
     assert (row.cached_input_tokens, row.reasoning_tokens) == (4, 3)
 
@@ -206,7 +206,7 @@ async def test_a_refused_attempt_gives_its_hold_back_whole(tmp_path: Path) -> No
 async def test_a_zero_usage_answer_settles_at_zero(tmp_path: Path) -> None:
     answer = Answer(chat_body("a", usage=(0, 0)))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([answer]))})
-    await _settled(await h.chat())
+    await _settled(h, await h.chat())
     usage = await h.budgets.usage("default")
     assert (usage.tokens_minute, usage.cost_day, usage.requests_minute) == (0, 0, 1)
 
@@ -223,7 +223,7 @@ async def test_the_rows_latency_in_milliseconds(
 
     monkeypatch.setattr(settle_module, "time", Clock())
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Answer(chat_body("a"))]))})
-    await _settled(await h.chat())
+    await _settled(h, await h.chat())
     (row,) = await h.rows()
     assert row.latency_ms == 12.346  # one tick of the clock, to the microsecond
 
@@ -231,7 +231,7 @@ async def test_the_rows_latency_in_milliseconds(
 async def test_a_complete_stream_is_a_completed_attempt(tmp_path: Path) -> None:
     text = sse(chunk(0, "hi", finish="stop"), chunk(None, usage=(3, 1)))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Stream(text)]))})
-    await _settled(await h.chat(stream=True))
+    await _settled(h, await h.chat(stream=True))
     assert _sample(h, "ncap_upstream_attempts_total", route="a", outcome="completed") == 1
     assert _sample(h, "ncap_upstream_attempts_total", route="a", outcome="stream_cut") is None
     (row,) = await h.rows()
@@ -260,7 +260,7 @@ async def test_a_stream_that_ends_early_is_logged_as_truncated(
     text = sse(chunk(0, "a"), done=False) + b": keep-alive\n\n"
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Stream(text)]))})
     with caplog.at_level(logging.INFO, "ncap.lifecycle"):
-        await _settled(await h.chat(stream=True))
+        await _settled(h, await h.chat(stream=True))
     assert caplog.messages == [
         "upstream failure: request=req-1 workload=default route=a attempt=1 status=- "
         "reason=stream_truncated outcome=stream_cut"
@@ -271,7 +271,7 @@ async def test_a_stream_that_ends_early_is_logged_as_truncated(
 async def test_an_unusual_done_spelling_still_ends_a_stream(tmp_path: Path) -> None:
     text = sse(chunk(0, "a", finish="stop"), chunk(None, usage=(3, 1)), done=False)
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Stream(text + b"data:[DONE]\n\n")]))})
-    await _settled(await h.chat(stream=True))
+    await _settled(h, await h.chat(stream=True))
     (row,) = await h.rows()
     assert row.state == "settled"
     assert _sample(h, "ncap_upstream_attempts_total", route="a", outcome="completed") == 1
@@ -280,7 +280,7 @@ async def test_an_unusual_done_spelling_still_ends_a_stream(tmp_path: Path) -> N
 async def test_a_choice_without_a_finish_is_counted_as_none(tmp_path: Path) -> None:
     text = sse(chunk(0, "a"), chunk(None, usage=(3, 1)))
     h = harness(tmp_path, {"a": (route(), ScriptedProvider([Stream(text)]))})
-    await _settled(await h.chat(stream=True))
+    await _settled(h, await h.chat(stream=True))
     (row,) = await h.rows()
     assert row.finish_reasons == {"none": 1}
 
@@ -316,7 +316,7 @@ class Engine(ScriptedProvider):
 
 async def test_a_streams_per_choice_counts_reach_the_row(tmp_path: Path) -> None:
     h = harness(tmp_path, {"a": (route(), Engine([]))})
-    await _settled(await h.chat(n=2, temperature=1.0, stream=True))
+    await _settled(h, await h.chat(n=2, temperature=1.0, stream=True))
     (row,) = await h.rows()
     assert (row.state, row.output_tokens_per_choice) == ("settled", (2, 3))
 
@@ -465,9 +465,9 @@ async def test_a_full_backlog_raises_a_store_error_of_its_own() -> None:
         await asyncio.sleep(3600)
 
     deferred = Deferred(max_pending=1, sleep=never)
-    await deferred.run(_Steps([store.step("a")]))
+    await deferred.run(Steps([store.step("a")]))
     with pytest.raises(StoreUnavailable) as info:
-        await deferred.run(_Steps([store.step("b")]))  # behind the first: no store error
+        await deferred.run(Steps([store.step("b")]))  # behind the first: no store error
     assert (info.value.store, info.value.backend, info.value.detail) == (
         "ledger or budgets",
         "store",
@@ -487,8 +487,8 @@ async def test_kept_settlements_warn_once_and_back_off_to_the_ceiling(
 
     deferred = Deferred(first_delay_s=1.0, max_delay_s=3.0, sleep=sleep)
     with caplog.at_level(logging.WARNING, "ncap.lifecycle"):
-        await deferred.run(_Steps([store.step("a")]))  # fails: kept, warned
-        await deferred.run(_Steps([store.step("b")]))  # behind it: kept, no warning
+        await deferred.run(Steps([store.step("a")]))  # fails: kept, warned
+        await deferred.run(Steps([store.step("b")]))  # behind it: kept, no warning
         for _ in range(100):
             if not deferred.pending:
                 break
@@ -510,7 +510,7 @@ async def test_the_default_backoff_and_backlog(caplog: pytest.LogCaptureFixture)
         sleeps.append(seconds)
 
     deferred = Deferred(sleep=sleep)
-    await deferred.run(_Steps([store.step("a")]))
+    await deferred.run(Steps([store.step("a")]))
     for _ in range(200):
         if not deferred.pending:
             break
@@ -522,12 +522,12 @@ async def test_the_default_backoff_and_backlog(caplog: pytest.LogCaptureFixture)
 
     full = Deferred(sleep=never)
     stuck = Flaky(failures=1)
-    await full.run(_Steps([stuck.step("first")]))  # kept: the store refused
+    await full.run(Steps([stuck.step("first")]))  # kept: the store refused
     for i in range(9_999):
-        await full.run(_Steps([stuck.step(str(i))]))  # queued behind it
+        await full.run(Steps([stuck.step(str(i))]))  # queued behind it
     assert full.pending == 10_000
     with pytest.raises(StoreUnavailable):
-        await full.run(_Steps([stuck.step("one too many")]))
+        await full.run(Steps([stuck.step("one too many")]))
     await full.close()  # the store answers again: everything applied at shutdown
     assert full.pending == 0 and len(stuck.done) == 10_000
 
@@ -537,7 +537,7 @@ async def test_shutdown_stops_the_retry_task() -> None:
         await asyncio.sleep(3600)
 
     deferred = Deferred(sleep=never)
-    await deferred.run(_Steps([Flaky(failures=1).step("a")]))
+    await deferred.run(Steps([Flaky(failures=1).step("a")]))
     task = deferred._task
     assert task is not None and not task.done()
     await deferred.close()

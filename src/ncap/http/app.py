@@ -16,14 +16,13 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from ncap.admission import Admission
 from ncap.auth import hash_key
 from ncap.config import Config, Route
 from ncap.domain.grants import Grants, key_id
@@ -40,13 +39,14 @@ from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_ad
 from ncap.http.alerts import BudgetAlerter
 from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
+from ncap.http.inflight import InFlightLimit
 from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.http.openapi import add_openapi_route
 from ncap.http.signals import RequestSignals
 from ncap.http.telemetry import telemetry_for
-from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime
+from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime, Settlement
 from ncap.lifecycle.peers import PeerWatch
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
@@ -61,9 +61,10 @@ log = logging.getLogger("ncap.http")
 _encode = msgspec.json.Encoder().encode
 
 GATEWAY = web.AppKey("gateway", Gateway)
-ADMISSION = web.AppKey("admission", Admission)
+IN_FLIGHT = web.AppKey("in_flight", InFlightLimit)
 CONFIG = web.AppKey("config", Config)
 ACCOUNTING = web.AppKey("accounting", Accounting)
+SETTLEMENT = web.AppKey("settlement", Settlement)
 METRICS = web.AppKey("metrics", Metrics)
 PEERS = web.AppKey("peers", PeerWatch)
 STORES = web.AppKey("stores", Stores)
@@ -80,55 +81,6 @@ class _NoStats:
 
 
 _NO_STATS = _NoStats()
-
-
-class Background:
-    """Settlements that run after their answer was sent, batched per short tick.
-
-    Each finished request queues its settlement; the first one of a tick schedules a
-    flush ``tick_s`` later, which runs the whole batch in one task. The answer never
-    waits, the next request on a keep-alive connection is not queued behind the
-    bookkeeping of the previous one, and under load one task serves many settlements.
-    Every batch is referenced until done, failures are logged (without content) and
-    counted, and ``drain`` flushes and awaits everything before the stores close.
-    """
-
-    def __init__(self, metrics: Metrics, tick_s: float = 0.002) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._queued: list[Coroutine[Any, Any, None]] = []
-        self._flush: asyncio.TimerHandle | None = None
-        self._metrics = metrics
-        self._tick_s = tick_s
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        self._queued.append(coro)
-        if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(self._tick_s, self._start)
-
-    def _start(self) -> None:
-        self._flush = None
-        batch, self._queued = self._queued, []
-        task = asyncio.create_task(self._run(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, batch: list[Coroutine[Any, Any, None]]) -> None:
-        # concurrently: their ledger writes then share the stores' group commits
-        results = await asyncio.gather(*batch, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                self._metrics.bookkeeping_failures.inc()
-                log.error("settlement failed: %s", type(result).__name__)
-
-    async def drain(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-            self._start()
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-BACKGROUND = web.AppKey("background", Background)
 
 
 class RequestIds:
@@ -279,8 +231,8 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
         if retries is not None:
             caller = dataclasses.replace(caller, client_retry_count=retries)
         signals.caller(request_id, caller)
-        admission = app[ADMISSION]
-        admission.enter()
+        in_flight = app[IN_FLIGHT]
+        in_flight.enter()
         try:
             limits = app[CONFIG].limits
             raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
@@ -292,7 +244,7 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
                 reply = await gateway.completions(raw, caller, request_id)
             return await _write(request, reply, request_id)
         finally:
-            admission.leave()
+            in_flight.leave()
     except BaseException as exc:
         signals.responded(request_id, *_status_of(exc))
         signals.end(request_id)  # a no-op when the answer already ended it
@@ -353,25 +305,13 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
 
 
 async def _write_body(request: web.Request, reply: Reply) -> web.StreamResponse:
-    """The bookkeeping runs beside the answer, so a keep-alive connection's next request
-    does not wait for it; the app tracks it and drains it on shutdown."""
+    """A whole answer whose settlement the lifecycle runs beside it (``settling``) has
+    its record ended by the settlement service, once its tokens are known."""
     signals, request_id = request.app[SIGNALS], request[REQUEST_ID]
     signals.responded(request_id, reply.status)
-    if reply.after is not None:
-        request.app[BACKGROUND].spawn(_then_end(reply.after, signals, request_id))
-    else:
+    if not reply.settling:
         signals.end(request_id)
     return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-
-async def _then_end(
-    settle: Coroutine[Any, Any, None], signals: RequestSignals, request_id: str
-) -> None:
-    """The settlement, then the request's access line and span (its tokens now known)."""
-    try:
-        await settle
-    finally:
-        signals.end(request_id)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -566,6 +506,7 @@ def create_app(
     alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
     duplicates = app[CANDIDATE_WATCH] = CandidateWatch(config, admin_store, metrics=metrics_)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider, meter_provider)
+    settlement = app[SETTLEMENT] = Settlement(metrics_, on_request_settled=signals.settled)
     accounting = Accounting(
         config,
         ledger,
@@ -575,6 +516,7 @@ def create_app(
         grants=grants,
         observers=[o for o in (signals, alerter, duplicates) if o.enabled],
         start_observers=[signals] if signals.telemetry is not None else [],
+        settlement=settlement,
     )
     app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s, grants=grants
@@ -593,9 +535,8 @@ def create_app(
     app[ACCOUNTING] = accounting
     app[PEERS] = peers
     app[METRICS] = metrics_
-    app[ADMISSION] = Admission(config.server.max_in_flight, config.server.ramp)
+    app[IN_FLIGHT] = InFlightLimit(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=stores.idempotency)
-    app[BACKGROUND] = Background(metrics_)
     app[REQUEST_IDS] = RequestIds()
     operations_key = operations_key_from_env(config)
     if operations_key is not None:
@@ -626,7 +567,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     yield
     gauges.cancel()
     await asyncio.gather(gauges, return_exceptions=True)
-    await app[BACKGROUND].drain()
+    await app[SETTLEMENT].drain()  # the answers' settlements, before their observers stop
     await app[ALERTER].drain()
     await app[CANDIDATE_WATCH].drain()
     app[SIGNALS].shutdown()  # the last spans and metrics exported (OTLP)
@@ -635,7 +576,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await rt.provider.aclose()
     # settlements a store refused are retried until the deadline; what is left stays
     # where recovery finds it: this instance remains registered, as if it had died
-    left = await accounting.finish(app[CONFIG].server.shutdown_retry_s)
+    left = await app[SETTLEMENT].stop(app[CONFIG].server.shutdown_retry_s)
     await peers.stop(leave=left == 0)
     await accounting.close()
     await admin_store.close()

@@ -11,9 +11,10 @@ only the trace context's ids and flags are kept (the canary tests in
 ``tests/http/test_signals.py`` and ``tests/http/test_otel_genai.py`` check it).
 
 The lifecycle reports each closed attempt (and a denial) through
-``Accounting(observer=…)``; the handler opens a record when a request arrives and
-closes it when the request ends: after the settlement of a whole answer (so its
-tokens are known), after the last byte of a stream, or at its error.
+``Accounting(observers=…)``; the handler opens a record when a request arrives and
+closes it when the request ends: after the last byte of a stream, or at its error. A
+whole answer's record is closed by the lifecycle's settlement service
+(``settled``) once the answer's settlement is done, so its tokens are known.
 """
 
 from __future__ import annotations
@@ -160,6 +161,8 @@ class _Record:
     status: int | None = None
     error_code: str | None = None
     latency_ms: float | None = None
+    # the lifecycle's settlement was done before the status was known: end at ``responded``
+    settled: bool = False
     # open attempt spans by attempt number (telemetry only)
     attempt_spans: dict[int, Span] = field(default_factory=dict)
 
@@ -244,6 +247,20 @@ class RequestSignals:
         if record is not None and record.status is None:
             record.status, record.error_code = status, error_code
             record.latency_ms = round((time.monotonic() - record.started) * 1000, 3)
+            if record.settled:
+                self.end(request_id)
+
+    def settled(self, request_id: str) -> None:
+        """The settlement service ran a whole answer's settlement (its tokens are known):
+        the record ends now, or at ``responded`` if the handler has not written the
+        answer yet (an idempotency key's store write can come in between)."""
+        record = self._open.get(request_id)
+        if record is None:
+            return
+        if record.status is None:
+            record.settled = True
+        else:
+            self.end(request_id)
 
     def first_chunk(self, request_id: str) -> None:
         """A streamed answer's first chunk went out (``gen_ai.server.time_to_first_token``)."""

@@ -11,7 +11,7 @@ sent, because it measures the bytes of what the client sent.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
@@ -22,13 +22,14 @@ from ncap import __version__
 from ncap.config import Config, Fingerprint
 from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
 from ncap.domain.events import LedgerEvent
+from ncap.domain.grants import Grants
 from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, reservation_for
 from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
 from ncap.lifecycle.asked import Request, given
-from ncap.lifecycle.plan import Caller, Plan, RouteRuntime, Sampling
+from ncap.lifecycle.plan import Caller, Holds, Plan, RouteRuntime, Sampling
 from ncap.lifecycle.settle import Accounting
-from ncap.stores.ports import Hold
+from ncap.metrics import Metrics
 
 __all__ = ["Admitter"]
 
@@ -37,9 +38,24 @@ _NO_SAMPLING = Sampling()
 
 
 class Admitter:
-    def __init__(self, config: Config, accounting: Accounting) -> None:
+    """Per-request policy admission. What it reads is passed in: the config, the
+    grants in force (exceptions), the clock and the metrics; what it writes (holds,
+    the first row, a denial) goes through the books."""
+
+    def __init__(
+        self,
+        config: Config,
+        books: Accounting,
+        *,
+        grants: Grants,
+        metrics: Metrics,
+        clock: Callable[[], datetime],
+    ) -> None:
         self.config = config
-        self.accounting = accounting
+        self.books = books
+        self.grants = grants
+        self.metrics = metrics
+        self.clock = clock
         # the sampling parameters are only for telemetry: not read when it is off
         self._sampling = config.observability.telemetry
 
@@ -50,84 +66,47 @@ class Admitter:
         request: Request,
         body: dict[str, Any],
         chain: Sequence[RouteRuntime],
-    ) -> tuple[Plan, dict[int, Hold]]:
-        now = self.accounting.clock()
+    ) -> tuple[Plan, Holds]:
+        now = self.clock()
         decision = self._decide(caller, request, now)
-        m = self.accounting.metrics
+        m = self.metrics
         m.child(m.candidates_requested, caller.workload_id).observe(decision.effective)
-        holds: dict[int, Hold] = {}
+        holds = Holds()
         plan: Plan | None = None
         written: LedgerEvent | None = None  # the first row, when written at admission
         try:
             if decision.error is not None:
                 raise decision.error
             plan = self._plan(request_id, caller, request, body, chain, decision, now)
-            if self.accounting.row_beside_reserve and not plan.emulated:
-                row, refused = await self.accounting.reserve_beside_row(plan, holds)
+            if self.books.row_beside_reserve and not plan.emulated:
+                row, refused = await self.books.reserve_beside_row(plan, holds)
                 if refused is not None:
                     written = row
                     raise refused
-                plan = replace(plan, first_row=row)
+                holds.first_row = row
             else:
                 for number in range(1, (decision.effective if plan.emulated else 1) + 1):
-                    await self.accounting.reserve(plan, holds, number)
+                    await self.books.reserve(plan, holds, number)
         except (PolicyDenied, RateLimited) as exc:
-            await self.accounting.abandon(holds)  # a fan-out admitted in part gives back
-            scope = self.accounting.budgets.quota_scope
+            await self.books.abandon(holds)  # a fan-out admitted in part gives back
+            scope = self.books.quota_scope
             denied = plan or _draft(request_id, caller, request, chain, decision, now, scope)
-            await self.accounting.deny(denied, chain[0], exc, written=written)
+            await self.books.deny(denied, chain[0], exc, written=written)
             exc.request_headers = denied.headers(chain[0].id)
             raise
         except Exception as exc:
             if written is not None:  # e.g. the budget store down: 503, and a refused row
-                await self.accounting.void(written, exc)
+                await self.books.void(written, exc)
             raise
         m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
         return plan, holds
-
-    async def refuse_field(
-        self,
-        request_id: str,
-        caller: Caller,
-        body: Mapping[str, Any],
-        field: str,
-        chain: Sequence[RouteRuntime],
-    ) -> None:
-        """The denial row of a body refused for an unknown field that could ask for
-        several choices (``best_of``, ``candidate_count``, …): the operator's search for
-        such callers is one ledger query. Nothing the client wrote is recorded beyond
-        the field's name (from a fixed set), an alias the config knows and ``n``."""
-        primary = chain[0] if chain else None
-        alias = str(body["model"]) if primary else None
-        requested = _candidate_count(body.get("n"))
-        event = LedgerEvent(
-            timestamp=self.accounting.clock(),
-            request_id=request_id,
-            attempt=0,
-            workload_id=caller.workload_id,
-            environment=caller.environment,
-            route_id=primary.id if primary else None,
-            model_alias=alias,
-            upstream_model=(primary.route.upstream_model or alias) if primary else None,
-            requested_candidate_count=requested,
-            effective_candidate_count=requested or 1,
-            stream_mode=body.get("stream") is True,
-            quota_scope=self.accounting.budgets.quota_scope,
-            policy_result="deny",
-            policy_reason="unknown_multi_candidate_field",
-            state="denied",
-            gateway_instance=self.accounting.instance,
-            denied_by=field,
-            client_retry_count=caller.client_retry_count,
-        )
-        await self.accounting.record_denial(event)
 
     def _decide(self, caller: Caller, request: Request, now: datetime) -> Decision:
         temperature = given(request.temperature)
         decision = decide(
             workload_id=caller.workload_id,
             workload=self.config.workloads[caller.workload_id],
-            exceptions=self.accounting.grants.exceptions,
+            exceptions=self.grants.exceptions,
             limits=self.config.limits,
             requested=asked.candidates(request),
             count_param=asked.candidate_param(request),
@@ -181,7 +160,7 @@ class Admitter:
             emulated=emulated,
             stream=stream,
             client_wants_usage=wants_usage,
-            quota_scope=self.accounting.budgets.quota_scope,
+            quota_scope=self.books.quota_scope,
             timestamp=now,
             started=time.monotonic(),
             kind=asked.kind_of(request),
@@ -224,13 +203,6 @@ def _stream_mode(request: Request) -> tuple[bool, bool]:
     """Whether the client streams, and whether it asked for the usage chunk."""
     options = given(request.stream_options)
     return bool(given(request.stream)), options is not None and bool(given(options.include_usage))
-
-
-def _candidate_count(value: Any) -> int | None:
-    """The body's ``n`` when it is one the reference allows, else None (not recorded)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 128:
-        return value
-    return None
 
 
 def _usable_routes(

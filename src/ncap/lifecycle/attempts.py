@@ -14,12 +14,13 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ncap.config import Route
 from ncap.errors import NcapError
 from ncap.lifecycle.failures import as_failure, client_error, may_fall_back, retryable
-from ncap.lifecycle.plan import Attempt, Plan, RouteRuntime
+from ncap.lifecycle.plan import Attempt, Holds, Plan, RouteRuntime
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import (
     CLIENT_REQUEST_ID,
@@ -28,13 +29,14 @@ from ncap.providers.base import (
     RequestKind,
     UpstreamResult,
 )
-from ncap.stores.ports import Hold, hold_id_for
+from ncap.stores.ports import hold_id_for
 from ncap.streaming.sse import StreamPiece
 
 __all__ = ["Attempts", "StreamOpen", "for_route"]
 
 T = TypeVar("T")
 _MAX_RETRY_AFTER_S = 60.0
+_NO_CEILING: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -54,7 +56,7 @@ class Attempts:
         self._sleep = sleep
 
     async def first_answer(
-        self, plan: Plan, holds: dict[int, Hold], call: Callable[[Attempt], Awaitable[T]]
+        self, plan: Plan, holds: Holds, call: Callable[[Attempt], Awaitable[T]]
     ) -> tuple[Attempt, T]:
         """The first attempt along the chain that answers, and its answer."""
         last: AttemptFailed | None = None
@@ -123,17 +125,28 @@ async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any], kind: RequestK
 
 
 def for_route(
-    body: dict[str, Any], rt: RouteRuntime, extras: frozenset[str], *, stream: bool
+    body: dict[str, Any],
+    rt: RouteRuntime,
+    extras: frozenset[str],
+    *,
+    stream: bool,
+    ceiling: Mapping[str, int] = _NO_CEILING,
 ) -> dict[str, Any]:
     """The body as this route receives it: its upstream model, only the extra fields it
-    allows (another route of the chain may allow more), and usage asked for on streams
-    where its contract says the provider can deliver it."""
+    allows (another route of the chain may allow more), the output ceiling the plan
+    sends (``ceiling``: none when the request set its own), and usage asked for on
+    streams where its contract says the provider can deliver it. The client's body is
+    never changed: a copy is made when anything differs."""
     route = rt.route
     foreign = [f for f in extras if f in body and f not in route.extra_fields]
     wants_usage = stream and route.contract.stream_usage == "include_usage"
-    if route.upstream_model is None and not foreign and not wants_usage:
+    if route.upstream_model is None and not foreign and not wants_usage and not ceiling:
         return body
-    routed = {k: v for k, v in body.items() if k not in foreign}
+    if foreign:
+        routed = {k: v for k, v in body.items() if k not in foreign}
+        routed.update(ceiling)
+    else:
+        routed = {**body, **ceiling}
     if route.upstream_model is not None:
         routed["model"] = route.upstream_model
     if wants_usage:

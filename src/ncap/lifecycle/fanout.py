@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 
 from ncap.domain.evidence import Evidence
 from ncap.errors import NcapError, UpstreamError
+from ncap.lifecycle.attempt_report import Tally, answered_report, stream_report, summed_usage
 from ncap.lifecycle.attempts import Attempts, StreamOpen
 from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.failures import client_error
-from ncap.lifecycle.plan import Attempt, Plan, Reply, RouteRuntime
+from ncap.lifecycle.plan import Attempt, Holds, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import error_event
-from ncap.lifecycle.reports import Tally, answered_report, stream_report, summed_usage
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed, UpstreamResult
-from ncap.stores.ports import Hold
 from ncap.streaming.sse import DONE, StreamPiece, choice_chunks, encode_event
 
 __all__ = ["FanOut", "branch_body", "cache_breakpoint", "primed"]
@@ -47,7 +46,7 @@ class FanOut:
         self.attempts = attempts
 
     async def complete(
-        self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any], rt: RouteRuntime
+        self, plan: Plan, holds: Holds, body: dict[str, Any], rt: RouteRuntime
     ) -> Reply:
         branches = await self._start(plan, holds, rt)
         results = await self._sent(branches, body, rt, self.attempts.call)
@@ -56,19 +55,24 @@ class FanOut:
         ]
         failures = [r for r in results if isinstance(r, BaseException)]
         evidence = None if failures else _evidence([r for _, r in answered])
-        settle = self._settle_answers(answered, evidence)
+        # the candidates' evidence goes on the first branch's row (once per request)
+        reports = [
+            (a, answered_report(r, evidence if i == 0 else None))
+            for i, (a, r) in enumerate(answered)
+        ]
         if failures:  # all or nothing: the answered branches are settled (they were paid)
-            await settle
+            await self.accounting.answered_together(reports)
             raise _raised(failures[0])
         merged, returned = _merge(_id(plan), [r for _, r in answered])
         headers = plan.headers(rt.id)
         headers["x-ncap-candidates-returned"] = str(returned)
         headers.update(evidence_headers(evidence))
         headers["content-type"] = "application/json"
-        return Reply(200, headers, merged, after=settle)
+        self.accounting.answered_beside(reports)
+        return Reply(200, headers, merged, settling=True)
 
     async def stream(
-        self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any], rt: RouteRuntime
+        self, plan: Plan, holds: Holds, body: dict[str, Any], rt: RouteRuntime
     ) -> Reply:
         """k streams opened together (all or nothing before the first byte)."""
         started = await self._start(plan, holds, rt)
@@ -84,7 +88,7 @@ class FanOut:
         headers.update({"content-type": "text/event-stream", "cache-control": "no-cache"})
         return Reply(200, headers, stream=self._relay(plan, branches))
 
-    async def _start(self, plan: Plan, holds: dict[int, Hold], rt: RouteRuntime) -> list[Attempt]:
+    async def _start(self, plan: Plan, holds: Holds, rt: RouteRuntime) -> list[Attempt]:
         """The k branches' reserved rows, written together so that they share one group
         commit."""
         k = plan.decision.effective
@@ -115,18 +119,6 @@ class FanOut:
             return [first] * len(branches)
         rest = (send(a, b) for a, b in zip(branches[1:], bodies[1:], strict=True))
         return [first, *await asyncio.gather(*rest, return_exceptions=True)]
-
-    def _settle_answers(
-        self, answered: Sequence[tuple[Attempt, UpstreamResult]], evidence: Evidence | None
-    ) -> Coroutine[Any, Any, None]:
-        """Each answered branch's hold settlement started before the answer goes out
-        (``Accounting.answered_early``); the rest of the settlement returned. The
-        candidates' evidence goes on the first branch's row (once per request)."""
-        rests = [
-            self.accounting.answered_early(a, answered_report(r, evidence if i == 0 else None))
-            for i, (a, r) in enumerate(answered)
-        ]
-        return _in_order(rests)
 
     async def _abort(self, branches: Sequence[Branch]) -> None:
         """Branches that opened when another did not: closed, and held as cut streams
@@ -334,16 +326,3 @@ def _evidence(results: Sequence[UpstreamResult]) -> Evidence | None:
         feed.body(result.body, first)
         first += len(result.summary.choices)
     return feed.finish()
-
-
-async def _in_order(settlements: Sequence[Coroutine[Any, Any, None]]) -> None:
-    """Every branch's settlement, one after the other; a failing one does not keep the
-    others from running (the first failure is raised after them)."""
-    failure: BaseException | None = None
-    for settlement in settlements:
-        try:
-            await settlement
-        except Exception as exc:
-            failure = failure or exc
-    if failure is not None:
-        raise failure

@@ -18,13 +18,13 @@ import msgspec
 from ncap.config import Config
 from ncap.errors import InvalidValue, ModelNotFound, NcapError, UnknownParameter
 from ncap.lifecycle.admit import Admitter
+from ncap.lifecycle.attempt_report import answered_report
 from ncap.lifecycle.attempts import Attempts, StreamOpen, for_route
 from ncap.lifecycle.evidence import EvidenceFeed, evidence_headers
 from ncap.lifecycle.fanout import FanOut
 from ncap.lifecycle.idempotency import Idempotency, IdempotentRequest
-from ncap.lifecycle.plan import Attempt, Caller, Plan, Reply, RouteRuntime
+from ncap.lifecycle.plan import Attempt, Caller, Holds, Plan, Reply, RouteRuntime
 from ncap.lifecycle.relay import relay
-from ncap.lifecycle.reports import answered_report
 from ncap.lifecycle.settle import Accounting
 from ncap.protocol.chat import ChatCompletionRequest
 from ncap.protocol.completions import CompletionRequest
@@ -35,13 +35,14 @@ from ncap.protocol.validate import (
     parse_completion_request,
 )
 from ncap.providers.base import UpstreamResult
-from ncap.stores.ports import Hold, IdempotencyStore
+from ncap.stores.ports import IdempotencyStore
 
 __all__ = ["Gateway"]
 
 # a fan-out branch asks for one candidate: the count fields are left out
 _CANDIDATE_FIELDS = frozenset({"n", "best_of"})
 _Req = TypeVar("_Req", ChatCompletionRequest, CompletionRequest)
+_NO_FIELDS: dict[str, int] = {}
 
 
 class Gateway:
@@ -57,7 +58,13 @@ class Gateway:
         self.config = config
         self.routes = routes
         self.accounting = accounting
-        self._admitter = Admitter(config, accounting)
+        self._admitter = Admitter(
+            config,
+            accounting,
+            grants=accounting.grants,
+            metrics=accounting.metrics,
+            clock=accounting.clock,
+        )
         self._attempts = Attempts(accounting, sleep)
         self._fan_out = FanOut(accounting, self._attempts)
         self._idempotency = None
@@ -112,9 +119,6 @@ class Gateway:
     ) -> Reply:
         plan, holds = await self._admitter.admit(request_id, caller, request, body, chain)
         try:
-            if not plan.decision.ceiling_from_request:
-                # an explicit output ceiling on every attempt, so the reservation is real
-                _send_ceiling(plan, body)
             return await self._dispatch(plan, holds, body)
         except BaseException as exc:
             await self.accounting.abandon(holds)
@@ -137,7 +141,7 @@ class Gateway:
             if exc.param in MULTI_CANDIDATE_FIELDS:
                 body = msgspec.json.decode(raw)  # decoded once already: a JSON object
                 chain = self._allowed_chain(body.get("model"), caller)
-                await self._admitter.refuse_field(request_id, caller, body, exc.param, chain)
+                await self.accounting.deny_field(request_id, caller, body, exc.param, chain)
             raise
         if isinstance(request, ChatCompletionRequest):  # a legacy prompt has no messages
             check_message_count(request.messages, self.config.limits.max_messages)
@@ -152,7 +156,7 @@ class Gateway:
         except ModelNotFound:
             return []
 
-    async def _dispatch(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
+    async def _dispatch(self, plan: Plan, holds: Holds, body: dict[str, Any]) -> Reply:
         if plan.emulated:
             rt = plan.usable_routes[0]
             routed = self._routed(plan, body, rt)
@@ -164,7 +168,8 @@ class Gateway:
         return await self._complete(plan, holds, body)
 
     def _routed(self, plan: Plan, body: dict[str, Any], rt: RouteRuntime) -> dict[str, Any]:
-        return for_route(body, rt, self._extra_fields(plan.alias), stream=plan.stream)
+        extras = self._extra_fields(plan.alias)
+        return for_route(body, rt, extras, stream=plan.stream, ceiling=_sent_ceiling(plan))
 
     def _extra_fields(self, model: object) -> frozenset[str]:
         return self._extras.get(model, frozenset()) if isinstance(model, str) else frozenset()
@@ -180,7 +185,7 @@ class Gateway:
             )
         return [self.routes[rid] for rid in route_ids]
 
-    async def _complete(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
+    async def _complete(self, plan: Plan, holds: Holds, body: dict[str, Any]) -> Reply:
         async def call(attempt: Attempt) -> UpstreamResult:
             return await self._attempts.call(attempt, self._routed(plan, body, attempt.route))
 
@@ -196,10 +201,10 @@ class Gateway:
         headers["content-type"] = "application/json"
         # settled while the answer is on its way: the attempt's reserved row is already
         # durable, so a crash in between leaves it for recovery (gateway_lost)
-        settle = self.accounting.answered_early(attempt, answered_report(result, evidence))
-        return Reply(200, headers, result.body, after=settle)
+        self.accounting.answered_beside([(attempt, answered_report(result, evidence))])
+        return Reply(200, headers, result.body, settling=True)
 
-    async def _stream(self, plan: Plan, holds: dict[int, Hold], body: dict[str, Any]) -> Reply:
+    async def _stream(self, plan: Plan, holds: Holds, body: dict[str, Any]) -> Reply:
         async def open_(attempt: Attempt) -> StreamOpen:
             return await self._attempts.open(attempt, self._routed(plan, body, attempt.route))
 
@@ -209,11 +214,15 @@ class Gateway:
         return Reply(200, headers, stream=relay(self.accounting, attempt, opened))
 
 
-def _send_ceiling(plan: Plan, body: dict[str, Any]) -> None:
-    """The output ceiling sent upstream when the request set none (for the legacy
-    endpoint the admitter already made it OpenAI's default of 16, within policy)."""
+def _sent_ceiling(plan: Plan) -> dict[str, int]:
+    """The output ceiling every attempt sends when the request set none, so that the
+    reservation is real (for the legacy endpoint the admitter already made it OpenAI's
+    default of 16, within policy): added to each route's copy of the body, never
+    written into the client's."""
+    if plan.decision.ceiling_from_request:
+        return _NO_FIELDS
     field = "max_tokens" if plan.kind == "completions" else "max_completion_tokens"
-    body[field] = plan.decision.per_candidate_ceiling
+    return {field: plan.decision.per_candidate_ceiling}
 
 
 def _one_prompt(request: CompletionRequest) -> None:

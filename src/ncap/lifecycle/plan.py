@@ -7,10 +7,9 @@ rest of the package, so the lifecycle's modules form a tree, not a cycle.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from ncap.config import Route
 from ncap.domain.events import LedgerEvent
@@ -22,7 +21,16 @@ from ncap.providers.base import Provider, RequestKind
 from ncap.providers.kinds import Capabilities, capabilities_of
 from ncap.stores.ports import Hold
 
-__all__ = ["Attempt", "AttemptReport", "Caller", "Plan", "Reply", "RouteRuntime", "Sampling"]
+__all__ = [
+    "Attempt",
+    "AttemptReport",
+    "Caller",
+    "Holds",
+    "Plan",
+    "Reply",
+    "RouteRuntime",
+    "Sampling",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +64,9 @@ class Reply:
     headers: dict[str, str]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
-    # bookkeeping the http layer awaits once the body is written
-    after: Coroutine[Any, Any, None] | None = None
+    # its settlement was handed to the settlement service, which ends the request's
+    # record (access line, span) once it is done: the HTTP layer does not end it
+    settling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +103,6 @@ class Plan:
     # how many of the generated candidates come back (None: all of them)
     kind: RequestKind = "chat"
     returns: int | None = None
-    # the first attempt's ``reserved`` row when admission wrote it beside the
-    # reservation (budgets on another server: ``Accounting.reserve_beside_row``)
-    first_row: LedgerEvent | None = None
     sampling: Sampling = Sampling()
 
     @property
@@ -121,17 +127,29 @@ class Plan:
         }
 
 
+class Holds(dict[int, Hold]):
+    """The request's unsettled holds by attempt number, shared by its attempts: closing
+    an attempt takes its hold out, and whatever is left when the request ends early is
+    released (``Accounting.abandon``). With budgets on another server, admission writes
+    the first attempt's ``reserved`` row beside its hold (``reserve_beside_row``): that
+    row is kept here for the first attempt, not on the frozen plan."""
+
+    __slots__ = ("first_row",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_row: LedgerEvent | None = None
+
+
 @dataclass(slots=True, eq=False)
 class Attempt:
     """One try of one route: started (its reserved row durable), then closed exactly
     once as answered, failed or stream-finished (``ncap.lifecycle.settle``).
 
-    ``holds`` is the request's registry of unsettled holds, shared by its attempts:
-    closing an attempt takes its hold out, and whatever is left when the request ends
-    early is released (``Settler.abandon``)."""
+    ``holds`` is the request's registry of unsettled holds (``Holds``)."""
 
     plan: Plan
-    holds: dict[int, Hold]
+    holds: Holds
     number: int
     route: RouteRuntime
     hold: Hold | None

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from ncap.errors import NcapError, UpstreamError
+from ncap.lifecycle.attempt_report import Tally, stream_report
 from ncap.lifecycle.attempts import StreamOpen
 from ncap.lifecycle.evidence import EvidenceFeed
 from ncap.lifecycle.failures import stream_cut
 from ncap.lifecycle.plan import Attempt
-from ncap.lifecycle.reports import Tally, stream_report
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed
 from ncap.streaming.sse import StreamPiece, choice_chunks, encode_event, event_data

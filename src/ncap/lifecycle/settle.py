@@ -6,13 +6,16 @@
    overlapped, and a refused reservation turns that row into the request's denial.
 2. ``begin``: the attempt's ``reserved`` row is durable before dispatch; the ``Attempt``
    it returns is then closed exactly once:
-3. ``answered`` / ``stream_finished`` / ``failed``: the row gets the provider's usage
-   and its final state; the hold is settled with actuals, kept (usage unknown: held
-   until reconciled), or, for an upstream refusal that generated nothing, released (a
-   refusal that reported usage, Gemini's blocked prompt, is settled at that usage).
+3. ``answered`` / ``answered_beside`` / ``stream_finished`` / ``failed``: the row gets
+   the provider's usage and its final state (``final_row``); the hold is settled with
+   actuals, kept (usage unknown: held until reconciled), or, for an upstream refusal
+   that generated nothing, released (a refusal that reported usage, Gemini's blocked
+   prompt, is settled at that usage). The store writes run on the settlement service
+   (``ncap.lifecycle.settlement``): awaited, or beside a whole answer.
 4. ``abandon``: a request that ends with holds no closed attempt took releases them.
 
-A ledger failure is never swallowed: it propagates and the client gets an error.
+A ledger failure is never swallowed: awaited, it propagates and the client gets an
+error; beside an answer, it is logged and counted (``ncap_bookkeeping_failures``).
 
 Each upstream failure (a failed attempt, a stream the upstream cut) and each budget
 exhaustion is logged here, once, as one sanitized line on ``ncap.lifecycle``: request
@@ -27,31 +30,32 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ncap.config import Config, ExceptionGrant, Pricing
+from ncap.config import Config, ExceptionGrant
 from ncap.domain.budget import Amounts, BudgetWindows
-from ncap.domain.events import LEDGER_INT_MAX, AttemptOutcome, EventState, LedgerEvent, settle
-from ncap.domain.evidence import Evidence
+from ncap.domain.events import AttemptOutcome, EventState, LedgerEvent
 from ncap.domain.grants import Grants
-from ncap.domain.money import cost_micros
 from ncap.domain.policy import Decision
-from ncap.domain.reservation import Reservation
-from ncap.errors import NcapError, Refusal, StoreUnavailable
+from ncap.errors import NcapError, StoreUnavailable
 from ncap.lifecycle.failures import classify, ledger_outcome, reported_usage
-from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Plan, RouteRuntime
+from ncap.lifecycle.final_row import (
+    NOTHING_GENERATED,
+    candidate_count,
+    denied_columns,
+    final_columns,
+)
+from ncap.lifecycle.plan import Attempt, AttemptReport, Caller, Holds, Plan, RouteRuntime
+from ncap.lifecycle.settlement import Settlement, Steps
 from ncap.metrics import Metrics
-from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import AttemptFailed
-from ncap.redact import bounded_id
 from ncap.stores import backend_name
 from ncap.stores.ports import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
 
-__all__ = ["Accounting", "AttemptObserver", "Deferred", "usage_complete"]
+__all__ = ["Accounting", "AttemptObserver"]
 
 log = logging.getLogger("ncap.lifecycle")
 
@@ -73,9 +77,6 @@ class AttemptStartObserver(Protocol):
 
 log = logging.getLogger("ncap.lifecycle")
 
-# outcomes that generated nothing: settled at zero, the hold released
-_NOTHING_GENERATED: tuple[AttemptOutcome, ...] = ("rejected", "unbilled_error")
-
 
 class Accounting:
     """The ledger and the budgets, as the lifecycle uses them (and their readiness and
@@ -95,6 +96,7 @@ class Accounting:
         grants: Grants | None = None,
         observers: Sequence[AttemptObserver] = (),
         start_observers: Sequence[AttemptStartObserver] = (),
+        settlement: Settlement | None = None,
     ) -> None:
         self.config = config
         # exceptions and keys in force (the admin API changes them without a restart)
@@ -108,19 +110,16 @@ class Accounting:
         self.metrics = metrics
         self.clock = clock
         self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
-        self._deferred = Deferred()
+        # where the closed attempts' store writes run (the composition root stops it)
+        self.settlement = settlement or Settlement(metrics)
         # a reservation that is a round trip to another server is sent beside the row
         self.row_beside_reserve = budgets.round_trip
 
     # -- lifecycle of the stores -------------------------------------------------------
 
-    async def finish(self, deadline_s: float) -> int:
-        """At shutdown, before the stores close: retry the settlements a store refused
-        until ``deadline_s``; returns how many are left (for recovery)."""
-        return await self._deferred.close(deadline_s)
-
     async def close(self) -> None:
-        await self._deferred.close()
+        """The stores closed, once the settlement service ran what it still had."""
+        await self.settlement.stop()
         await self.ledger.close()
         await self.budgets.close()
 
@@ -146,7 +145,7 @@ class Accounting:
 
     # -- holds -------------------------------------------------------------------------
 
-    async def reserve(self, plan: Plan, holds: dict[int, Hold], number: int) -> None:
+    async def reserve(self, plan: Plan, holds: Holds, number: int) -> None:
         size = plan.attempt_reservation
         holds[number] = await self.budgets.reserve(
             plan.caller.workload_id,
@@ -159,7 +158,7 @@ class Accounting:
         self.metrics.reservations_outstanding.inc()
 
     async def reserve_beside_row(
-        self, plan: Plan, holds: dict[int, Hold]
+        self, plan: Plan, holds: Holds
     ) -> tuple[LedgerEvent, BaseException | None]:
         """The first attempt's hold and its ``reserved`` row, sent together: with budgets
         on Redis and the ledger on PostgreSQL (or SQLite) the two round trips overlap
@@ -194,7 +193,7 @@ class Accounting:
                 with contextlib.suppress(KeyError):
                     await self.ledger.update(row.request_id, row.attempt, **_VOIDED)
 
-        self._deferred.later(_Steps([step]))
+        self.settlement.later(Steps([step]))
 
     async def void(self, row: LedgerEvent, error: BaseException) -> None:
         """A row written beside a reservation that failed for another reason than policy
@@ -221,7 +220,7 @@ class Accounting:
             if isinstance(exc, StoreUnavailable):
                 self.void_later(row)  # closed once the ledger answers again
 
-    async def abandon(self, holds: dict[int, Hold]) -> None:
+    async def abandon(self, holds: Holds) -> None:
         """Release the holds no dispatched attempt is using (the request ended early)."""
         while holds:
             _, hold = holds.popitem()
@@ -260,7 +259,7 @@ class Accounting:
             policy_reason=str(error.code),
             reserved_cost_micros=0,
             quota_scope=self.budgets.quota_scope,
-            **_denied_columns(error.refusal, plan),
+            **denied_columns(error.refusal, plan),
         )
         await self.record_denial(event, plan, written=written is not None)
 
@@ -293,6 +292,48 @@ class Accounting:
             final = {"state": "denied", "policy_reason": reason, "denied_by": event.denied_by}
             self._notify(plan, None, final, "denied")
 
+    async def deny_field(
+        self,
+        request_id: str,
+        caller: Caller,
+        body: Mapping[str, Any],
+        field: str,
+        chain: Sequence[RouteRuntime],
+    ) -> None:
+        """The denial row of a body refused for an unknown field that could ask for
+        several choices (``best_of``, ``candidate_count``, …): the operator's search for
+        such callers is one ledger query. Nothing the client wrote is recorded beyond
+        the field's name (from a fixed set), an alias the config knows and ``n``."""
+        primary = chain[0] if chain else None
+        alias = str(body["model"]) if primary else None
+        requested = candidate_count(body.get("n"))
+        event = LedgerEvent(
+            timestamp=self.clock(),
+            request_id=request_id,
+            attempt=0,
+            workload_id=caller.workload_id,
+            environment=caller.environment,
+            route_id=primary.id if primary else None,
+            model_alias=alias,
+            upstream_model=(primary.route.upstream_model or alias) if primary else None,
+            requested_candidate_count=requested,
+            effective_candidate_count=requested or 1,
+            stream_mode=body.get("stream") is True,
+            quota_scope=self.quota_scope,
+            policy_result="deny",
+            policy_reason="unknown_multi_candidate_field",
+            state="denied",
+            gateway_instance=self.instance,
+            denied_by=field,
+            client_retry_count=caller.client_retry_count,
+        )
+        await self.record_denial(event)
+
+    @property
+    def quota_scope(self) -> str:
+        """Where the budget counters live (every row records it)."""
+        return self.budgets.quota_scope
+
     def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
         d, r = plan.decision, plan.attempt_reservation
         return LedgerEvent(
@@ -321,13 +362,11 @@ class Accounting:
 
     # -- one attempt: begun, then closed exactly once ---------------------------------
 
-    async def begin(
-        self, plan: Plan, holds: dict[int, Hold], number: int, rt: RouteRuntime
-    ) -> Attempt:
+    async def begin(self, plan: Plan, holds: Holds, number: int, rt: RouteRuntime) -> Attempt:
         """Write the attempt's reserved row (the first attempt's may be written already,
         beside its reservation); every attempt after the first needs a reservation of
         its own (the previous one was settled, kept or released)."""
-        row = plan.first_row
+        row = holds.first_row
         if number != 1 or row is None or row.route_id != rt.id:
             if number not in holds:
                 await self.reserve(plan, holds, number)
@@ -348,30 +387,41 @@ class Accounting:
     async def answered(self, attempt: Attempt, report: AttemptReport) -> None:
         await self._close(attempt, report, "completed")
 
-    def answered_early(self, attempt: Attempt, report: AttemptReport) -> Coroutine[Any, Any, None]:
-        """``answered`` for an answer whose settlement runs beside it, with the hold's
-        settlement *started now*, before the answer goes out: its concurrency slot must
-        be free by the time the client has the answer. A client at ``max_concurrency``
-        sends its next request right away; with the whole settlement on the next
-        2 ms tick, that request found the previous slot still taken (60 % of requests
-        refused at ``max_concurrency: 2`` with 2 clients, in-process budgets). Started
-        as a task, the hold step runs before the loop reads any new request, and it is
-        ahead of it in the store's own queue (the SQLite writer's, the Redis
-        pipeline's), at no cost to the answer's latency. The returned coroutine waits
-        for it and writes the row (the hold first, as always), beside the answer."""
-        closing = self._closing(attempt, report, "completed", None)
-        steps = _Steps([closing.hold_step, closing.row_step])
-        first = asyncio.ensure_future(steps.step())
-        return self._finish_after(first, closing, steps)
+    def answered_beside(self, answered: Sequence[tuple[Attempt, AttemptReport]]) -> None:
+        """Whole answers (one, or a fan-out's branches): the attempts are closed now and
+        their settlement is handed to the settlement service, which runs it beside the
+        answer, holds first: a client at ``max_concurrency`` that sends its next request
+        as soon as it has the answer finds its slot free. The reserved rows are
+        durable already, so a crash in between leaves them for recovery."""
+        closings = [self._closing(a, r, "completed", None) for a, r in answered]
+        request_id = closings[0].attempt.plan.request_id
+        self.settlement.beside_answer(request_id, self._settle_answers(closings))
 
-    async def _finish_after(
-        self, first: asyncio.Future[None], closing: _Closing, steps: _Steps
-    ) -> None:
-        # a failed hold step stays first in ``steps``: ``_finish`` runs it again
-        # (deferred while its store is down) and a failure is reported there
-        with contextlib.suppress(Exception):
-            await first
-        await self._finish(closing, steps)
+    async def answered_together(self, answered: Sequence[tuple[Attempt, AttemptReport]]) -> None:
+        """``answered_beside``, awaited now (a fan-out that fails after some branches
+        answered: they were paid, and are settled before the error goes out)."""
+        await self._settle_answers([self._closing(a, r, "completed", None) for a, r in answered])
+
+    async def _settle_answers(self, closings: list[_Closing]) -> None:
+        """Every hold first, then each row in order; a failing settlement does not keep
+        the others from running (the first failure is raised after them)."""
+        steps = [Steps([c.hold_step, c.row_step]) for c in closings]
+        # the holds run at once, even while earlier settlements wait for a store that
+        # is down (the deferred queue keeps whole settlements in order): the slots
+        # free now; only the rows wait their turn
+        for first in steps:
+            # a failed hold step stays first in its steps: ``_finish`` runs it again
+            # (deferred while its store is down) and a failure is reported there
+            with contextlib.suppress(Exception):
+                await first.step()
+        failure: Exception | None = None
+        for closing, rest in zip(closings, steps, strict=True):
+            try:
+                await self._finish(closing, rest)
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     async def stream_finished(self, attempt: Attempt, report: AttemptReport) -> None:
         outcome: AttemptOutcome = "completed" if report.cut is None else "stream_cut"
@@ -401,7 +451,7 @@ class Accounting:
     ) -> None:
         closing = self._closing(attempt, report, outcome, upstream_status)
         # the hold first: once the row shows its final state, the budget does too
-        await self._finish(closing, _Steps([closing.hold_step, closing.row_step]))
+        await self._finish(closing, Steps([closing.hold_step, closing.row_step]))
 
     def _closing(
         self,
@@ -414,7 +464,7 @@ class Accounting:
         if attempt.closed:
             raise RuntimeError(f"attempt {attempt.number} closed twice")
         attempt.closed = True
-        final, keeps = self._final(attempt, report, outcome)
+        final, keeps = final_columns(attempt, report, outcome, now=time.monotonic())
         if upstream_status is not None:
             final["upstream_status"] = upstream_status
         hold = attempt.holds.pop(attempt.number, None)
@@ -428,8 +478,8 @@ class Accounting:
 
         return _Closing(attempt, final, outcome, hold_step, row_step)
 
-    async def _finish(self, closing: _Closing, steps: _Steps) -> None:
-        await self._deferred.run(steps)
+    async def _finish(self, closing: _Closing, steps: Steps) -> None:
+        await self.settlement.run(steps)
         self._observe(closing.attempt, closing.final, closing.outcome)
         self._notify(closing.attempt.plan, closing.attempt, closing.final, closing.outcome)
 
@@ -444,48 +494,12 @@ class Accounting:
             except Exception as exc:  # an observer's bug must not lose a settlement
                 log.error("attempt observer failed: %s", type(exc).__name__)
 
-    def _final(
-        self, attempt: Attempt, report: AttemptReport, outcome: AttemptOutcome
-    ) -> tuple[dict[str, Any], bool]:
-        """The row's final columns (docs/ledger.md) from what the attempt reported, and whether
-        its hold stays reserved."""
-        usage, rejected = report.usage, outcome in _NOTHING_GENERATED
-        settlement = settle(
-            effective_n=attempt.plan.expected_returned,
-            returned_n=0 if rejected else report.returned,
-            usage_present=usage_complete(usage),
-            stream=report.stream,
-            outcome=outcome,
-        )
-        if rejected and usage_complete(usage):
-            final = _usage_fields(usage, attempt.route.route.pricing)  # what it reported
-        elif rejected:
-            final = dict(_NOTHING_USED)
-        elif settlement.state == "settled":
-            final = _usage_fields(usage, attempt.route.route.pricing)
-            final["output_tokens_per_choice"] = _per_choice(attempt, report)
-        else:
-            final = {}
-        if report.evidence is not None and not rejected:
-            final.update(_evidence_columns(report.evidence))
-        final.update(
-            # an upstream's id as it sent it is untrusted: the ledger keeps plausible ids only
-            provider_request_id=bounded_id(report.provider_request_id),
-            returned_candidate_count=0 if rejected else report.returned,
-            finish_reasons=report.finish_reasons,
-            usage_source=_usage_source(usage, report.stream, outcome),
-            state=settlement.state,
-            reconciliation_reason=settlement.reconciliation_reason,
-            latency_ms=round((time.monotonic() - attempt.started) * 1000, 3),
-        )
-        return final, settlement.holds_reservation
-
     async def _settle_hold(
         self, hold: Hold | None, final: dict[str, Any], outcome: AttemptOutcome, keeps: bool
     ) -> None:
         if hold is None:
             return
-        if outcome in _NOTHING_GENERATED and not final.get("total_tokens"):
+        if outcome in NOTHING_GENERATED and not final.get("total_tokens"):
             await self.budgets.release(hold)  # a refusal (or unbilled error) generated nothing
         elif keeps:
             await self.budgets.keep(hold)
@@ -527,128 +541,6 @@ class _Closing:
     row_step: Callable[[], Awaitable[None]]
 
 
-class _Steps:
-    """A settlement's store writes in order; a retry resumes at the first not done
-    (each is safe to repeat: a settled hold is not settled twice, an update rewrites
-    the same columns)."""
-
-    def __init__(self, steps: list[Callable[[], Awaitable[None]]]) -> None:
-        self._steps = steps
-
-    async def step(self) -> None:
-        """Run the first step not done yet."""
-        if self._steps:
-            await self._steps[0]()
-            self._steps.pop(0)
-
-    async def __call__(self) -> None:
-        while self._steps:
-            await self.step()
-
-
-class Deferred:
-    """Settlements a store refused, retried with backoff until the store is back.
-
-    Without this, a settlement that met a Redis or PostgreSQL outage left its hold
-    active and its row ``reserved`` under a live gateway (whose heartbeat goes on), so
-    nothing ever swept them. At most ``max_pending`` wait (then the store error
-    propagates, as before); one warning when the first is kept, one line when all are
-    applied. The lifecycle does not wait for a kept settlement: the client's answer
-    (or error) does not depend on it.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_pending: int = 10_000,
-        first_delay_s: float = 0.1,
-        max_delay_s: float = 5.0,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self._pending: deque[_Steps] = deque()
-        self._task: asyncio.Task[None] | None = None
-        self._max_pending = max_pending
-        self._delays = (first_delay_s, max_delay_s)
-        self._sleep = sleep
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    def later(self, steps: _Steps) -> None:
-        """Queue writes that must wait for the store to answer again (never refused for
-        the backlog: each stands for a row that would otherwise stay wrong)."""
-        self._pending.append(steps)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._retry())
-
-    async def run(self, steps: _Steps) -> None:
-        if self._pending:  # keep settlements in order behind the ones already waiting
-            self._keep(steps, None)
-            return
-        try:
-            await steps()
-        except StoreUnavailable as exc:
-            self._keep(steps, exc)
-
-    def _keep(self, steps: _Steps, exc: StoreUnavailable | None) -> None:
-        if len(self._pending) >= self._max_pending:
-            raise exc or StoreUnavailable("ledger or budgets", "store", "settlements backlog")
-        if not self._pending and exc is not None:
-            log.warning(
-                "settlement deferred: the %s store (%s) is unavailable (%s); settlements "
-                "are kept and retried until it is back",
-                exc.store,
-                exc.backend,
-                exc.detail,
-            )
-        self._pending.append(steps)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._retry())
-
-    async def _retry(self) -> None:
-        delay, longest = self._delays
-        while self._pending:
-            await self._sleep(delay)
-            try:
-                while self._pending:
-                    await self._pending[0]()
-                    self._pending.popleft()
-            except StoreUnavailable:
-                delay = min(delay * 2, longest)
-        log.warning("deferred settlements applied: the store is back")
-
-    async def close(self, deadline_s: float = 0.0) -> int:
-        """At shutdown: retry (with the same backoff) until ``deadline_s`` has passed;
-        returns how many are left. Their rows stay ``reserved`` and their holds active
-        for recovery to find: the caller keeps the instance registered, so a restart
-        or a peer turns them into ``gateway_lost`` rows and kept holds."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        end = time.monotonic() + deadline_s
-        delay, longest = self._delays
-        while self._pending:
-            try:
-                while self._pending:
-                    await self._pending[0]()
-                    self._pending.popleft()
-            except StoreUnavailable:
-                if time.monotonic() + delay > end:
-                    break
-                await self._sleep(delay)
-                delay = min(delay * 2, longest)
-        if self._pending:
-            log.error(
-                "%d settlements not applied by the shutdown deadline: their rows stay "
-                "reserved for recovery (a restart or a peer marks them gateway_lost)",
-                self.pending,
-            )
-        return self.pending
-
-
 # an attempt whose reserved row could not be written: refused, nothing held
 _VOIDED: dict[str, Any] = {
     "state": "denied",
@@ -671,64 +563,6 @@ _DENIAL_COLUMNS = (
 )
 
 
-def usage_complete(usage: SummaryUsage | None) -> bool:
-    return (
-        usage is not None
-        and usage.prompt_tokens is not None
-        and (usage.completion_tokens is not None)
-    )
-
-
-def _usage_fields(usage: SummaryUsage | None, pricing: Pricing) -> dict[str, Any]:
-    if usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
-        return {}
-    details = usage.prompt_tokens_details
-    cached = (details and details.cached_tokens) or 0
-    written = (details and details.cache_write_tokens) or 0
-    reasoning = usage.completion_tokens_details and usage.completion_tokens_details.reasoning_tokens
-    cost = cost_micros(usage.prompt_tokens, cached, usage.completion_tokens, pricing, written)
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "cached_input_tokens": cached,
-        "output_tokens_total": usage.completion_tokens,
-        "reasoning_tokens": reasoning,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "cost_micros": cost,
-    }
-
-
-def _per_choice(attempt: Attempt, report: AttemptReport) -> tuple[int, ...] | None:
-    """Each choice's output tokens where the route revealed them: the provider's own
-    counts when they add up to its total, or an emulated branch's (one choice, its own
-    usage). Never split from a total (None then)."""
-    total = report.usage.completion_tokens if report.usage else None
-    if total is None:
-        return None
-    counts = report.choice_tokens
-    if counts is not None and len(counts) == report.returned and sum(counts) == total:
-        return counts
-    if attempt.plan.emulated and report.returned == 1:
-        return (total,)
-    return None
-
-
-def _evidence_columns(evidence: Evidence) -> dict[str, int]:
-    return {
-        "candidates_compared": evidence.compared,
-        "candidates_distinct": evidence.distinct,
-        "candidates_majority": evidence.majority,
-        "candidates_tool_calls": evidence.tool_calls,
-    }
-
-
-def _usage_source(usage: SummaryUsage | None, stream: bool, outcome: AttemptOutcome) -> Any:
-    if outcome == "unbilled_error":
-        return "provider_response"  # the zero comes from the provider's error answer
-    if usage is None:
-        return "none"
-    return "provider_stream" if stream else "provider_response"
-
-
 def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str) -> None:
     """One sanitized line per upstream failure; a 4xx about the request is INFO."""
     level = logging.INFO if reason in ("request_rejected", "other_4xx") else logging.WARNING
@@ -744,36 +578,3 @@ def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str
         reason,
         outcome,
     )
-
-
-def _denied_columns(refusal: Refusal | None, plan: Plan) -> dict[str, Any]:
-    """``denied_by``/``denied_limit``/``denied_amount`` of a denial row. A fan-out is
-    reserved branch by branch: the branch that did not fit stands for the whole
-    request's need, which is what is recorded. The amount can be the client's own number
-    (an ``output_ceiling`` refusal records the ``max_tokens`` asked, which JSON does not
-    bound): past what a ledger column holds it is recorded as ``LEDGER_INT_MAX``."""
-    if refusal is None:
-        return {}
-    amount = refusal.amount
-    if plan.emulated and amount is not None:
-        amount = _whole_need(refusal.limit, plan.reservation, plan.decision.effective)
-    if amount is not None:
-        amount = min(amount, LEDGER_INT_MAX)
-    return {"denied_by": refusal.limit, "denied_limit": refusal.value, "denied_amount": amount}
-
-
-def _whole_need(window: str, whole: Reservation, branches: int) -> int:
-    if window.startswith("tokens_"):
-        return whole.total_tokens
-    if window.startswith("usd_") or window == "exception":
-        return whole.cost_micros
-    return branches  # requests_minute, concurrency: one per branch
-
-
-_NOTHING_USED: dict[str, Any] = {
-    "input_tokens": 0,
-    "output_tokens_total": 0,
-    "total_tokens": 0,
-    "cost_micros": 0,
-    "cached_input_tokens": 0,
-}

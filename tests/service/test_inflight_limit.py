@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from ncap.admission import PEAK_WINDOW_S, Admission
 from ncap.config import Ramp
 from ncap.errors import Overloaded, SlowDown
+from ncap.http.inflight import PEAK_WINDOW_S, InFlightLimit
 
 
 class Clock:
@@ -15,7 +15,7 @@ class Clock:
         return self.now
 
 
-def admit(gate: Admission, count: int) -> int:
+def admit(gate: InFlightLimit, count: int) -> int:
     admitted = 0
     for _ in range(count):
         try:
@@ -29,7 +29,7 @@ def admit(gate: Admission, count: int) -> int:
 
 def test_ramp_allows_burst_from_idle_then_growth_per_second() -> None:
     clock = Clock()
-    gate = Admission(1000, Ramp(requests_per_second=50, burst=100), clock)
+    gate = InFlightLimit(1000, Ramp(requests_per_second=50, burst=100), clock)
     assert admit(gate, 500) == 100  # from idle: the burst
     clock.now += 1
     assert admit(gate, 500) == 150  # previous second + 50
@@ -43,7 +43,7 @@ def test_a_dip_is_not_growth_the_recent_peak_is_the_reference() -> None:
     """Steady traffic that wobbles (a slow second, then the usual rate) is never
     slowed: the allowance is the busiest recent second's count plus the growth."""
     clock = Clock()
-    gate = Admission(10_000, Ramp(requests_per_second=10, burst=100), clock)
+    gate = InFlightLimit(10_000, Ramp(requests_per_second=10, burst=100), clock)
     for want in (100, 110, 120):  # ramped up to 120 a second
         assert admit(gate, want) == want
         clock.now += 1
@@ -56,7 +56,7 @@ def test_a_dip_is_not_growth_the_recent_peak_is_the_reference() -> None:
 
 def test_steady_traffic_above_the_growth_step_is_never_slowed() -> None:
     clock = Clock()
-    gate = Admission(1000, Ramp(requests_per_second=10, burst=300), clock)
+    gate = InFlightLimit(1000, Ramp(requests_per_second=10, burst=300), clock)
     for _ in range(10):
         assert admit(gate, 300) == 300
         clock.now += 1
@@ -64,7 +64,7 @@ def test_steady_traffic_above_the_growth_step_is_never_slowed() -> None:
 
 def test_slow_down_says_when_to_retry() -> None:
     clock = Clock()
-    gate = Admission(10, Ramp(requests_per_second=1, burst=1), clock)
+    gate = InFlightLimit(10, Ramp(requests_per_second=1, burst=1), clock)
     gate.enter()
     clock.now += 0.25
     with pytest.raises(SlowDown) as info:
@@ -74,7 +74,7 @@ def test_slow_down_says_when_to_retry() -> None:
 
 
 def test_in_flight_ceiling() -> None:
-    gate = Admission(2, Ramp(requests_per_second=100, burst=100), Clock())
+    gate = InFlightLimit(2, Ramp(requests_per_second=100, burst=100), Clock())
     gate.enter()
     gate.enter()
     with pytest.raises(Overloaded) as info:

@@ -1,4 +1,5 @@
-"""Gateway-wide admission control, checked before a body is even read.
+"""The gateway-wide in-flight limit and ramp, checked before a body is even read
+(per-request policy admission is another thing: ``ncap.lifecycle.admit``).
 
 Two cheap gates:
 
@@ -25,12 +26,12 @@ from collections.abc import Callable
 from ncap.config import Ramp
 from ncap.errors import Overloaded, SlowDown
 
-__all__ = ["PEAK_WINDOW_S", "Admission"]
+__all__ = ["PEAK_WINDOW_S", "InFlightLimit"]
 
 PEAK_WINDOW_S = 10  # seconds of history the ramp compares a second against
 
 
-class Admission:
+class InFlightLimit:
     def __init__(
         self,
         max_in_flight: int,
