@@ -8,10 +8,11 @@ switched off at a time (the cases of ``bench/stream_profile.py``). Each runs und
 ``valgrind --tool=callgrind --instr-atstart=no``; after warm-up streams the
 instrumentation is switched on, ``--streams`` streams are read at c=1 and the total is
 divided by the chunks relayed. ``--src`` serves another tree (a before/after: only the
-``full`` case applies to it). Kernel time is not counted.
+``full`` case applies to it). ``fanout`` is ``full`` on the emulated route (``--n``
+single-candidate branches merged; use it with ``--n 4``). Kernel time is not counted.
 
     .venv/bin/python bench/stream_instructions.py [--cases full,no-decode,...]
-        [--streams 4] [--tokens 200] [--pace-ms 2] [--src DIR] [--keep DIR]
+        [--streams 4] [--tokens 200] [--n 1] [--pace-ms 2] [--src DIR] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _totals(path: Path) -> int:
 def measure(case: str, args: argparse.Namespace, up_port: int, work: Path) -> dict[str, Any]:
     port = bl.free_port()
     env = dict(os.environ, NCAP_BENCH_UPSTREAM_KEY="dummy", PYTHONPATH=args.src)
+    served = "full" if case == "fanout" else case
     if case == "bare":
         argv = sb._sub("bare", "--port", str(port), "--upstream", sb._url(up_port))
     else:
@@ -54,21 +56,23 @@ def measure(case: str, args: argparse.Namespace, up_port: int, work: Path) -> di
         home.mkdir(exist_ok=True)
         config = sb.NCAP_CONFIG.format(port=up_port, stores="default", stores_block="")
         (home / "ncap.yaml").write_text(config)
-        argv = sb._py(str(bl.BENCH / "stream_profile.py"), "serve", "--case", case, "--")
+        argv = sb._py(str(bl.BENCH / "stream_profile.py"), "serve", "--case", served, "--")
         argv += ["serve", "--config", str(home / "ncap.yaml"), "--port", str(port)]
     out = work / f"{case}.callgrind"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
     valgrind += [f"--callgrind-out-file={out}"]
     with (work / f"{case}.log").open("wb") as log:
         server = subprocess.Popen(valgrind + argv, env=env, cwd=work, stdout=log, stderr=log)
-    target = sb.Target(case, sb._url(port), None)
+    model = "fake-fanout" if case == "fanout" else "fake-model"
+    target = sb.Target(case, sb._url(port), None, model=model)
+    n = args.n
     try:
         sb._wait_port(bl.Server(case, server, work / f"{case}.log"), port, timeout_s=300)
-        sb.run_load(target, 1, args.tokens, 1, 2)
+        sb.run_load(target, n, args.tokens, 1, 2)
         _callgrind(["-i", "on"], server.pid)
-        sb.run_load(target, 1, args.tokens, 1, 1)  # the instrumented paths warm up too
+        sb.run_load(target, n, args.tokens, 1, 1)  # the instrumented paths warm up too
         _callgrind(["-z"], server.pid)
-        res = sb.run_load(target, 1, args.tokens, 1, args.streams)
+        res = sb.run_load(target, n, args.tokens, 1, args.streams)
         _callgrind(["-i", "off"], server.pid)
         _callgrind(["-d"], server.pid)
         time.sleep(1)
@@ -83,7 +87,7 @@ def measure(case: str, args: argparse.Namespace, up_port: int, work: Path) -> di
             server.wait(30)
         except subprocess.TimeoutExpired:
             server.kill()
-    chunks = res["ok"] * args.tokens
+    chunks = res["ok"] * n * args.tokens
     row = {"case": case, "streams": res["ok"], "errors": res["errors"]}
     row["instructions_per_chunk"] = round(total / chunks) if chunks else None
     print(f"  {case:<12} {row['instructions_per_chunk']} instructions/chunk", flush=True)
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="bare," + ",".join(sp.CASES))
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--n", type=int, default=1, help="choices per stream (interleaved)")
     p.add_argument("--pace-ms", type=float, default=2.0)
     p.add_argument("--src", default=str(bl.ROOT / "src"))
     p.add_argument("--keep", default="")
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if bare and row["instructions_per_chunk"]:
             row["x_bare"] = round(row["instructions_per_chunk"] / bare, 2)
-    result = {"src": args.src, "tokens": args.tokens, "pace_ms": args.pace_ms, "rows": rows}
+    result = {"src": args.src, "n": args.n, "tokens": args.tokens, "pace_ms": args.pace_ms, "rows": rows}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(rows, indent=1))

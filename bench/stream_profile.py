@@ -73,13 +73,11 @@ def switch_off(case: str) -> None:
         app.bounded_stream = unbounded  # type: ignore[assignment]
         limits.StallWatch.now = lambda self: None  # type: ignore[method-assign,assignment,return-value]
     elif case == "no-split":
-        from ncap.providers import openai
+        def feed(self: sse.EventSplitter, chunk: bytes) -> sse.StreamPiece:
+            self.done = chunk.endswith(b"[DONE]\n\n")
+            return sse.StreamPiece(chunk, [], done=self.done)
 
-        async def pieces(chunks: AsyncIterator[bytes]) -> AsyncIterator[sse.StreamPiece]:
-            async for chunk in chunks:
-                yield sse.StreamPiece(chunk, [], done=chunk.endswith(b"[DONE]\n\n"))
-
-        openai.iter_pieces = pieces  # type: ignore[assignment]
+        sse.EventSplitter.feed = feed  # type: ignore[method-assign,assignment]
 
 
 def serve_main(case: str, profile: str | None, argv: list[str]) -> None:
