@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if bare and row["instructions_per_chunk"]:
             row["x_bare"] = round(row["instructions_per_chunk"] / bare, 2)
-    result = {"src": args.src, "n": args.n, "tokens": args.tokens, "pace_ms": args.pace_ms, "rows": rows}
+    result = {"src": args.src, "n": args.n, "tokens": args.tokens, "pace_ms": args.pace_ms}
+    result["rows"] = rows
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(rows, indent=1))
