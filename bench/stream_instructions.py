@@ -8,11 +8,14 @@ switched off at a time (the cases of ``bench/stream_profile.py``). Each runs und
 ``valgrind --tool=callgrind --instr-atstart=no``; after warm-up streams the
 instrumentation is switched on, ``--streams`` streams are read at c=1 and the total is
 divided by the chunks relayed. ``--src`` serves another tree (a before/after: only the
-``full`` case applies to it). ``fanout`` is ``full`` on the emulated route (``--n``
+``full`` case applies to it); ``--before-src DIR`` serves another tree too, each case
+right after this tree's (``before-full``, ``before-fanout``), so that both see the same
+machine. ``fanout`` is ``full`` on the emulated route (``--n``
 single-candidate branches merged; use it with ``--n 4``). Kernel time is not counted.
 
     .venv/bin/python bench/stream_instructions.py [--cases full,no-decode,...]
-        [--streams 4] [--tokens 200] [--n 1] [--pace-ms 2] [--src DIR] [--keep DIR]
+        [--streams 4] [--tokens 200] [--n 1] [--pace-ms 2] [--src DIR]
+        [--before-src DIR] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -45,10 +48,13 @@ def _totals(path: Path) -> int:
     return 0
 
 
-def measure(case: str, args: argparse.Namespace, up_port: int, work: Path) -> dict[str, Any]:
+def measure(
+    case: str, args: argparse.Namespace, up_port: int, work: Path, src: str
+) -> dict[str, Any]:
     port = bl.free_port()
-    env = dict(os.environ, NCAP_BENCH_UPSTREAM_KEY="dummy", PYTHONPATH=args.src)
-    served = "full" if case == "fanout" else case
+    env = dict(os.environ, NCAP_BENCH_UPSTREAM_KEY="dummy", PYTHONPATH=src)
+    served = case.removeprefix("before-")
+    served = "full" if served == "fanout" else served
     if case == "bare":
         argv = sb._sub("bare", "--port", str(port), "--upstream", sb._url(up_port))
     else:
@@ -63,7 +69,7 @@ def measure(case: str, args: argparse.Namespace, up_port: int, work: Path) -> di
     valgrind += [f"--callgrind-out-file={out}"]
     with (work / f"{case}.log").open("wb") as log:
         server = subprocess.Popen(valgrind + argv, env=env, cwd=work, stdout=log, stderr=log)
-    model = "fake-fanout" if case == "fanout" else "fake-model"
+    model = "fake-fanout" if case.endswith("fanout") else "fake-model"
     target = sb.Target(case, sb._url(port), None, model=model)
     n = args.n
     try:
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1, help="choices per stream (interleaved)")
     p.add_argument("--pace-ms", type=float, default=2.0)
     p.add_argument("--src", default=str(bl.ROOT / "src"))
+    p.add_argument("--before-src", default="", help="also serve these sources, case by case")
     p.add_argument("--keep", default="")
     p.add_argument("--output", default=str(bl.BENCH / "results" / "stream-instructions.json"))
     args = p.parse_args(argv)
@@ -113,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sb._wait_port(upstream, port)
         for case in (c.strip() for c in args.cases.split(",") if c.strip()):
-            rows.append(measure(case, args, port, work))
+            rows.append(measure(case, args, port, work, args.src))
+            if args.before_src and case != "bare":  # the same case, right after
+                rows.append(measure(f"before-{case}", args, port, work, args.before_src))
     finally:
         bl.stop_server(upstream)
         shutil.rmtree(work, ignore_errors=True)
@@ -121,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if bare and row["instructions_per_chunk"]:
             row["x_bare"] = round(row["instructions_per_chunk"] / bare, 2)
-    result = {"src": args.src, "n": args.n, "tokens": args.tokens, "pace_ms": args.pace_ms}
+    result = {
+        "src": args.src,
+        "before_src": args.before_src,
+        "n": args.n,
+        "tokens": args.tokens,
+        "pace_ms": args.pace_ms,
+    }
     result["rows"] = rows
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
