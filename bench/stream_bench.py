@@ -188,6 +188,7 @@ def load_main(args: argparse.Namespace) -> None:
     ttfbs: list[float] = []
     errors: dict[str, int] = {}
     sizes: list[int] = []
+    reads = [0]  # the client's reads: writes of the target that did not coalesce
 
     async def one(session: aiohttp.ClientSession) -> None:
         t0 = time.perf_counter()
@@ -200,6 +201,7 @@ def load_main(args: argparse.Namespace) -> None:
                         ttfbs.append(time.perf_counter() - t0)
                         first = False
                     got += data
+                    reads[0] += 1
                 if resp.status != 200 or not got.rstrip().endswith(b"data: [DONE]"):
                     kind = f"status {resp.status}: {bytes(got[-300:])!r}"
                     errors[kind] = errors.get(kind, 0) + 1
@@ -233,6 +235,7 @@ def load_main(args: argparse.Namespace) -> None:
             "ttfb_p50_ms": 1000 * statistics.median(ttfbs) if ttfbs else None,
             "ttfb_p90_ms": 1000 * ttfbs[int(0.9 * (len(ttfbs) - 1))] if ttfbs else None,
             "bytes_per_stream": statistics.median(sizes) if sizes else None,
+            "reads": reads[0],
         }
         print(json.dumps(out))
 

@@ -2,16 +2,18 @@
 measured so that a busy machine does not move it.
 
 A streaming upstream paced so that each event arrives in its own read (``--pace-ms``
-between writes: the gateway, 50× slower under valgrind, still keeps up) serves the
-bare pass-through and ``ncap serve`` (shipped default) with one concern of the relay
+between writes: the gateway, 50× slower under valgrind, still keeps up; the
+``client_reads_per_chunk`` column falls below 1 when it did not) serves the bare
+pass-through and ``ncap serve`` (shipped default) with one concern of the relay
 switched off at a time (the cases of ``bench/stream_profile.py``). Each runs under
 ``valgrind --tool=callgrind --instr-atstart=no``; after warm-up streams the
 instrumentation is switched on, ``--streams`` streams are read at c=1 and the total is
-divided by the chunks relayed. ``--src`` serves another tree (a before/after: only the
-``full`` case applies to it); ``--before-src DIR`` serves another tree too, each case
+divided by the chunks relayed, less what the process does in the same wall time with no
+traffic (its timers and background tasks, measured right after: ``idle_instructions``).
+``--src`` serves another tree; ``--before-src DIR`` serves another tree too, each case
 right after this tree's (``before-full``, ``before-fanout``), so that both see the same
-machine. ``fanout`` is ``full`` on the emulated route (``--n``
-single-candidate branches merged; use it with ``--n 4``). Kernel time is not counted.
+machine. ``fanout`` is ``full`` on the emulated route (``--n`` single-candidate
+branches merged; use it with ``--n 4``). Kernel time is not counted.
 
     .venv/bin/python bench/stream_instructions.py [--cases full,no-decode,...]
         [--streams 4] [--tokens 200] [--n 1] [--pace-ms 2] [--src DIR]
@@ -48,6 +50,16 @@ def _totals(path: Path) -> int:
     return 0
 
 
+def _dumped(pid: int, work: Path, case: str) -> int:
+    """Instrumentation off, the counts since the last zeroing dumped and read."""
+    before = set(work.glob(f"{case}.callgrind*"))
+    _callgrind(["-i", "off"], pid)
+    _callgrind(["-d"], pid)
+    time.sleep(1)
+    fresh = set(work.glob(f"{case}.callgrind*")) - before
+    return max((_totals(p) for p in fresh), default=0)
+
+
 def measure(
     case: str, args: argparse.Namespace, up_port: int, work: Path, src: str
 ) -> dict[str, Any]:
@@ -79,10 +91,13 @@ def measure(
         sb.run_load(target, n, args.tokens, 1, 1)  # the instrumented paths warm up too
         _callgrind(["-z"], server.pid)
         res = sb.run_load(target, n, args.tokens, 1, args.streams)
-        _callgrind(["-i", "off"], server.pid)
-        _callgrind(["-d"], server.pid)
-        time.sleep(1)
-        total = max(_totals(p) for p in work.glob(f"{case}.callgrind*"))
+        total = _dumped(server.pid, work, case)
+        # the same wall time without traffic: what the process does on its own (timers,
+        # background tasks), which a slow pace would otherwise spread over the chunks
+        _callgrind(["-i", "on"], server.pid)
+        _callgrind(["-z"], server.pid)
+        time.sleep(res["wall_s"])
+        idle = _dumped(server.pid, work, case)
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
             for path in work.glob(f"{case}.callgrind*"):
@@ -95,8 +110,16 @@ def measure(
             server.kill()
     chunks = res["ok"] * n * args.tokens
     row = {"case": case, "streams": res["ok"], "errors": res["errors"]}
-    row["instructions_per_chunk"] = round(total / chunks) if chunks else None
-    print(f"  {case:<12} {row['instructions_per_chunk']} instructions/chunk", flush=True)
+    row["instructions_per_chunk"] = round((total - idle) / chunks) if chunks else None
+    row["idle_instructions"] = idle
+    row["instructions_per_chunk_with_idle"] = round(total / chunks) if chunks else None
+    # below 1: the target fell behind the pace and relayed several events per read
+    row["client_reads_per_chunk"] = round(res["reads"] / chunks, 3) if chunks else None
+    print(
+        f"  {case:<14} {row['instructions_per_chunk']} instructions/chunk, "
+        f"{row['client_reads_per_chunk']} client reads/chunk",
+        flush=True,
+    )
     return row
 
 
