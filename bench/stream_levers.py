@@ -106,7 +106,8 @@ def _instructions(src: str, lever: str, n: int, total: int, work: Path) -> int:
     out = work / f"{lever}-{n}-{abs(hash(src))}.out"
     argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     argv += [str(bl.VENV_PY), str(Path(__file__).resolve()), "run", lever, str(n), str(total)]
-    subprocess.run(argv, env={"PYTHONPATH": src}, capture_output=True, check=True)
+    env = {"PYTHONPATH": src, "PYTHONHASHSEED": "0"}  # the same dict layouts in each run
+    subprocess.run(argv, env=env, capture_output=True, check=True)
     for line in out.read_text(errors="replace").splitlines():
         if line.startswith("totals:"):
             return int(line.split()[1])
