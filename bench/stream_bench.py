@@ -9,6 +9,10 @@ write) serves every target:
   bare          an aiohttp pass-through that copies the upstream's bytes as they come
   ncap-memory   ncap serve, both stores in memory
   ncap          ncap serve as shipped (default stores), native route
+  ncap-no-evidence  the same with the candidates' evidence hook made a no-op in the
+                served process (as ``evidence_bench.py --e2e`` does; never in the
+                product): ncap's CPU per chunk over this one's is what the evidence
+                costs (``evidence_overhead`` in the JSON; n=1 streams have none)
   ncap-fanout   the same ncap process, an emulated route: n single-candidate branches
                 merged (n=4 scenarios only)
   litellm       LiteLLM proxy, 1 worker (scripts/setup-litellm.sh)
@@ -50,7 +54,18 @@ import benchlib as bl
 
 SCENARIOS = {"n1x500": (1, 500), "n4x250": (4, 250), "n1x1": (1, 1)}
 DEFAULT_SCENARIOS = "n1x500,n4x250"  # n1x1: one chunk, the request path's own cost
-TARGETS = ("direct", "bare", "ncap-memory", "ncap", "ncap-fanout", "litellm", "portkey")
+TARGETS = (
+    "direct",
+    "bare",
+    "ncap-memory",
+    "ncap",
+    "ncap-no-evidence",
+    "ncap-fanout",
+    "litellm",
+    "portkey",
+)
+# the evidence hook as a no-op in the served process only: the stream is relayed as with it
+EVIDENCE_OFF = "import ncap.lifecycle.evidence as e; e.EvidenceFeed.chunk = lambda *a, **k: None; "
 LITELLM_BIN = bl.ROOT / ".venv-litellm" / "bin" / "litellm"
 PORTKEY_DIR = bl.BENCH / "portkey"
 PORTKEY_BIN = PORTKEY_DIR / "node_modules" / ".bin" / "gateway"
@@ -173,6 +188,7 @@ def load_main(args: argparse.Namespace) -> None:
     ttfbs: list[float] = []
     errors: dict[str, int] = {}
     sizes: list[int] = []
+    reads = [0]  # the client's reads: writes of the target that did not coalesce
 
     async def one(session: aiohttp.ClientSession) -> None:
         t0 = time.perf_counter()
@@ -185,6 +201,7 @@ def load_main(args: argparse.Namespace) -> None:
                         ttfbs.append(time.perf_counter() - t0)
                         first = False
                     got += data
+                    reads[0] += 1
                 if resp.status != 200 or not got.rstrip().endswith(b"data: [DONE]"):
                     kind = f"status {resp.status}: {bytes(got[-300:])!r}"
                     errors[kind] = errors.get(kind, 0) + 1
@@ -218,6 +235,7 @@ def load_main(args: argparse.Namespace) -> None:
             "ttfb_p50_ms": 1000 * statistics.median(ttfbs) if ttfbs else None,
             "ttfb_p90_ms": 1000 * ttfbs[int(0.9 * (len(ttfbs) - 1))] if ttfbs else None,
             "bytes_per_stream": statistics.median(sizes) if sizes else None,
+            "reads": reads[0],
         }
         print(json.dumps(out))
 
@@ -312,6 +330,7 @@ def ncap_target(work: Path, up_port: int, name: str, src: str | None = None) -> 
     home = work / name
     home.mkdir(exist_ok=True)
     memory = name == "ncap-memory"
+    evidence = name != "ncap-no-evidence"
     config = NCAP_CONFIG.format(
         port=up_port,
         stores="memory stores" if memory else "the shipped default stores",
@@ -319,11 +338,14 @@ def ncap_target(work: Path, up_port: int, name: str, src: str | None = None) -> 
     )
     (home / "ncap.yaml").write_text(config)
     port = bl.free_port()
-    argv = _py("-m", "ncap.cli.main", "serve", "--config", str(home / "ncap.yaml"))
+    serve = "from ncap.cli.main import main; main()"
+    argv = _py("-c", serve if evidence else EVIDENCE_OFF + serve)
+    argv += ["serve", "--config", str(home / "ncap.yaml")]
     env = {"NCAP_BENCH_UPSTREAM_KEY": "dummy", "PYTHONPATH": src or NCAP_SRC[0]}
     server = bl.start_server(name, [*argv, "--port", str(port)], work, env=env, cwd=home)
     _wait_port(server, port)
     note = "memory stores" if memory else "shipped default"
+    note += "" if evidence else ", evidence hook a no-op"
     return Target(name, _url(port), server, note=note + (f", sources {src}" if src else ""))
 
 
@@ -429,12 +451,18 @@ def _progress(row: dict[str, Any]) -> str:
 
 
 def derive(rows: list[dict[str, Any]]) -> None:
-    """× bare (CPU per chunk) and added TTFB (minus direct's), within the round."""
+    """× bare (CPU per chunk), added TTFB (minus direct's) and, for ``ncap``, what the
+    evidence hook costs (its CPU per chunk over ``ncap-no-evidence``'s, minus one),
+    within the round."""
     for row in rows:
         peers = {r["target"]: r for r in rows if r["scenario"] == row["scenario"]}
         bare, direct = peers.get("bare"), peers.get("direct")
         if bare and bare.get("cpu_us_per_chunk") and row.get("cpu_us_per_chunk"):
             row["x_bare"] = round(row["cpu_us_per_chunk"] / bare["cpu_us_per_chunk"], 2)
+        off = peers.get("ncap-no-evidence")
+        if row["target"] == "ncap" and off and off.get("cpu_us_per_chunk"):
+            share = row.get("cpu_us_per_chunk", 0) / off["cpu_us_per_chunk"] - 1
+            row["evidence_overhead"] = round(share, 3)
         for c in (1, 16):
             key = f"ttfb_p50_ms_c{c}"
             if direct and direct.get(key) is not None and row.get(key) is not None:
@@ -449,7 +477,7 @@ def start_targets(work: Path, up_port: int, up: bl.Server, names: list[str]) -> 
                 started[name] = Target("direct", _url(up_port), up, note="the upstream")
             elif name == "bare":
                 started[name] = bare_target(work, up_port)
-            elif name in ("ncap", "ncap-memory"):
+            elif name in ("ncap", "ncap-memory", "ncap-no-evidence"):
                 started[name] = ncap_target(work, up_port, name)
             elif name == "ncap-before":
                 started[name] = ncap_target(work, up_port, name, COMPARE_SRC[0])
@@ -478,6 +506,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r.get(f'ttfb_p50_ms_c{c}')} ({r.get(f'added_ttfb_ms_c{c}', '-')})" for c in (1, 16)
         ]
         note = r.get("error") or r.get("note", "")
+        if "evidence_overhead" in r:
+            note += f"; evidence hook {r['evidence_overhead']:+.1%} CPU/chunk"
         cpu = [r.get("cpu_us_per_chunk", "-"), r.get("x_bare", "-")]
         body.append([r["scenario"], r["target"], *cpu, *ttfb, note])
     return bl.md_table(headers, body)

@@ -11,6 +11,7 @@ bare pass-through is measured in the same run, for the ratio. The difference bet
   no-decode     the settlement decode (each data event's ``ResponseSummary``) skipped
   no-tally      the settlement tally (indexes, finish reasons, usage) skipped
   no-watchdog   the client-write watchdog and the stream duration bound bypassed
+                (a write loop without either)
   no-split      the upstream reads relayed without any event splitting or decoding
                 (what is left: aiohttp both sides, the lifecycle's generators, the
                 settlement at the end; the stream is then not settled to its usage)
@@ -64,22 +65,24 @@ def switch_off(case: str) -> None:
 
         Tally.add_all = lambda self, summaries: False  # type: ignore[method-assign]
     elif case == "no-watchdog":
-        from ncap.http import app, limits
+        from ncap.http import app
 
-        async def unbounded(stream: AsyncIterator[bytes], max_s: float) -> AsyncIterator[bytes]:
+        async def unwatched(
+            request: Any, response: Any, stream: AsyncIterator[bytes], limits: Any, first: Any
+        ) -> None:
+            await response.prepare(request)
             async for chunk in stream:
-                yield chunk
+                await response.write(chunk)
+                first()
 
-        app.bounded_stream = unbounded  # type: ignore[assignment]
-        limits.StallWatch.now = lambda self: None  # type: ignore[method-assign,assignment,return-value]
+        app.write_stream = unwatched  # type: ignore[assignment]
     elif case == "no-split":
-        from ncap.providers import openai
 
-        async def pieces(chunks: AsyncIterator[bytes]) -> AsyncIterator[sse.StreamPiece]:
-            async for chunk in chunks:
-                yield sse.StreamPiece(chunk, [], done=chunk.endswith(b"[DONE]\n\n"))
+        def feed(self: sse.EventSplitter, chunk: bytes) -> sse.StreamPiece:
+            self.done = chunk.endswith(b"[DONE]\n\n")
+            return sse.StreamPiece(chunk, [], done=self.done)
 
-        openai.iter_pieces = pieces  # type: ignore[assignment]
+        sse.EventSplitter.feed = feed  # type: ignore[method-assign,assignment]
 
 
 def serve_main(case: str, profile: str | None, argv: list[str]) -> None:

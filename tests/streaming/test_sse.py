@@ -23,8 +23,10 @@ from ncap.protocol.responses import ResponseSummary
 from ncap.streaming import sse
 from ncap.streaming.sse import (
     DONE,
+    EventSplitter,
     MalformedEvent,
     StreamPiece,
+    choice_chunks,
     encode_event,
     event_data,
     iter_pieces,
@@ -240,3 +242,15 @@ async def test_a_line_over_the_bound_is_malformed(monkeypatch: pytest.MonkeyPatc
 
     events = [e async for e in iter_events(at_the_bound())]
     assert [e.raw for e in events] == [b": " + b"z" * 98 + b"\n\n"]
+
+
+def test_choice_chunks_are_the_data_of_the_events_with_choices() -> None:
+    text = b'data: {"choices":[{"index":0}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
+    alone = EventSplitter().feed(text)
+    assert alone is not None and choice_chunks(alone) == [text[6:-2]]
+    only_usage = EventSplitter().feed(usage)
+    assert only_usage is not None and choice_chunks(only_usage) == []
+    several = EventSplitter().feed(b": keep-alive\n\n" + text + usage + text + DONE)
+    assert several is not None
+    assert choice_chunks(several) == [text[6:-2], text[6:-2]]

@@ -40,7 +40,7 @@ from ncap.http.alerts import BudgetAlerter
 from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.inflight import InFlightLimit
-from ncap.http.limits import StallWatch, bounded_stream, handler_limits, read_body
+from ncap.http.limits import handler_limits, read_body, write_stream
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.http.openapi import add_openapi_route
@@ -280,25 +280,15 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
     signals = request.app[SIGNALS]
     signals.responded(request_id, reply.status)
     limits = request.app[CONFIG].limits
-    bounded = bounded_stream(stream, limits.max_stream_s)
-    # a client that stops reading is dropped (a disconnect) after stream_write_timeout_s
-    watch = StallWatch(request, limits.stream_write_timeout_s)
     try:
-        # started before anything can fail, so that closing it always runs its
-        # settlement and closes the upstream (its first event is already here)
-        first = await anext(bounded, None)
-        await watch.write(response.prepare(request))
-        if first is not None:
-            await watch.write(response.write(first))
-            signals.first_chunk(request_id)
-        async for chunk in bounded:  # StallWatch.write, inlined: it runs for every read
-            watch.writing_since = watch.now()
-            await response.write(chunk)
-            watch.writing_since = None
+        # the stream is started before anything can fail, so that closing it always
+        # runs its settlement and closes the upstream (its first event is already here)
+        await write_stream(
+            request, response, stream, limits, lambda: signals.first_chunk(request_id)
+        )
     except (ConnectionError, OSError):
         pass  # the client went away; closing the stream cancels the upstream request
     finally:
-        watch.close()
         await stream.aclose()  # type: ignore[attr-defined]
         signals.end(request_id)  # every attempt of the stream is closed by now
     return response

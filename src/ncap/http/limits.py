@@ -11,7 +11,7 @@ defaults and OpenAI-shaped errors.
   form read their bodies under the same deadline);
 - the message count: ``protocol.limits.check_message_count`` (400 on ``messages``),
   called by the gateway right after validation, before anything is admitted;
-- a streamed answer's wall-clock duration: ``bounded_stream`` ends it with an SSE error
+- a streamed answer's wall-clock duration: ``write_stream`` ends it with an SSE error
   event, which closes the upstream stream and settles it like a client disconnect;
 - a streamed answer's client that stops reading: ``StallWatch`` drops the connection
   when a write has waited ``stream_write_timeout_s`` (a full socket buffer otherwise
@@ -23,7 +23,7 @@ defaults and OpenAI-shaped errors.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -38,10 +38,10 @@ from ncap.errors import BodyTooLarge, InvalidRequest, RequestTimeout
 __all__ = [
     "StallWatch",
     "body_deadline",
-    "bounded_stream",
     "handler_limits",
     "read_body",
     "read_limited",
+    "write_stream",
 ]
 
 _T = TypeVar("_T")
@@ -167,46 +167,89 @@ _TIMEOUT_EVENT = (
 )
 
 
-async def bounded_stream(stream: AsyncIterator[bytes], max_s: float) -> AsyncIterator[bytes]:
-    """The stream's chunks until ``max_s`` has passed, then one error event and the end
-    (the caller closes ``stream``, which cancels the upstream and settles it).
+async def write_stream(
+    request: web.Request,
+    response: web.StreamResponse,
+    stream: AsyncIterator[bytes],
+    limits: Limits,
+    first_written: Callable[[], None],
+) -> None:
+    """The stream's chunks written to the client as they come, one write each, in one
+    loop (no generator between the stream and the writes: this runs for every upstream
+    read). The response is prepared once the first chunk came (or the stream ended).
 
-    One timer for the whole stream, not one per chunk (a streamed answer is hundreds of
-    chunks): at the deadline, a wait for the next chunk is cancelled (as a timeout
-    would cancel it); a deadline that passes while the client is being written to ends
-    the stream before the next chunk is awaited."""
+    Two timers for the whole stream, none per chunk: ``StallWatch`` drops a client that
+    has not taken a write for ``stream_write_timeout_s``; at ``max_stream_s`` a wait for
+    the next chunk is cancelled (as a timeout would cancel it), and a deadline that
+    passes while the client is being written to ends the stream before the next wait;
+    either way one error event goes out last. The caller closes ``stream`` (which
+    cancels the upstream and settles it)."""
     loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    state = _Deadline()
-
-    def expire() -> None:
-        state.passed = True
-        if state.waiting and task is not None:
-            state.cancelled = True
-            task.cancel()
-
-    handle = loop.call_at(loop.time() + max_s, expire)
+    watch = StallWatch(request, limits.stream_write_timeout_s)
+    deadline = _Deadline(watch, limits.max_stream_s)
+    next_chunk = stream.__anext__
     try:
-        while not state.passed:
-            state.waiting = True
+        chunk = await deadline.first(next_chunk)
+        await watch.write(response.prepare(request))
+        if chunk is None:
+            return
+        await watch.write(response.write(chunk))
+        first_written()
+        if chunk is _TIMEOUT_EVENT:
+            return
+        while not deadline.passed:
             try:
-                chunk = await anext(stream)
+                chunk = await next_chunk()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if not state.cancelled or task is None or task.uncancel() > 0:
+                if not deadline.expired():
                     raise  # not (only) the deadline's cancellation
                 break
-            finally:
-                state.waiting = False
-            yield chunk
-        yield _TIMEOUT_EVENT
+            watch.writing_since = loop.time()  # StallWatch.write, inlined
+            await response.write(chunk)
+            watch.writing_since = None
+        await watch.write(response.write(_TIMEOUT_EVENT))
     finally:
-        handle.cancel()
+        deadline.close()
+        watch.close()
 
 
 class _Deadline:
-    __slots__ = ("cancelled", "passed", "waiting")
+    """``max_s`` from now: ``passed`` set, and a wait for the next chunk (the task not
+    writing: ``StallWatch.writing_since`` unset) cancelled."""
 
-    def __init__(self) -> None:
-        self.passed = self.waiting = self.cancelled = False
+    __slots__ = ("_handle", "_task", "_watch", "cancelled", "passed")
+
+    def __init__(self, watch: StallWatch, max_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._watch = watch
+        self.passed = self.cancelled = False
+        self._handle = loop.call_at(loop.time() + max_s, self._expire)
+
+    def _expire(self) -> None:
+        self.passed = True
+        if self._watch.writing_since is None and self._task is not None:
+            self.cancelled = True
+            self._task.cancel()
+
+    def expired(self) -> bool:
+        """Whether the cancellation just caught was the deadline's alone (then taken
+        back: the stream ends with its error event instead)."""
+        return self.cancelled and self._task is not None and self._task.uncancel() == 0
+
+    async def first(self, next_chunk: Callable[[], Awaitable[bytes]]) -> bytes | None:
+        """The first chunk, None when the stream ended without one; the error event
+        when the deadline passed first."""
+        try:
+            return await next_chunk()
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            if not self.expired():
+                raise
+            return _TIMEOUT_EVENT
+
+    def close(self) -> None:
+        self._handle.cancel()

@@ -13,6 +13,7 @@ prompt from the cache at the cached rate (``primed``).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -37,7 +38,7 @@ _encode = msgspec.json.Encoder().encode
 Branch = tuple[Attempt, StreamOpen]
 _SEED_SPAN = 2**64
 T = TypeVar("T")
-Queue = asyncio.Queue[tuple[int, StreamPiece | BaseException | None]]
+Item = tuple[int, StreamPiece | BaseException | None]
 
 
 class FanOut:
@@ -129,7 +130,7 @@ class FanOut:
             await self.accounting.stream_finished(attempt, report)
 
     async def _relay(self, plan: Plan, branches: Sequence[Branch]) -> AsyncIterator[bytes]:
-        queue: Queue = asyncio.Queue()
+        queue = _Arrivals()
         tallies = [Tally(provider_request_id=b.provider_request_id) for _, b in branches]
         pumps = [asyncio.create_task(_pump(i, b, queue)) for i, (_, b) in enumerate(branches)]
         feed = EvidenceFeed()  # the branches' candidates, each at its branch's index
@@ -210,20 +211,17 @@ def _raised(failure: BaseException) -> BaseException:
 
 
 async def _merged(
-    plan: Plan, queue: Queue, tallies: Sequence[Tally], feed: EvidenceFeed
+    plan: Plan, queue: _Arrivals, tallies: Sequence[Tally], feed: EvidenceFeed
 ) -> AsyncIterator[bytes]:
     """The branches' pieces as they come (one per upstream read), until every branch
     ended; what arrived together (from several branches) goes out in one write, in
     arrival order. A failure raises, after what arrived before it."""
     live = len(tallies)
-    merged_id = _id(plan)
+    merged_id = _encode(_id(plan))
     while live:
-        items = [await queue.get()]
-        while not queue.empty():
-            items.append(queue.get_nowait())
         out: list[bytes] = []
         failure: BaseException | None = None
-        for index, item in items:
+        for index, item in await queue.taken():
             if item is None:
                 live -= 1
             elif isinstance(item, BaseException):
@@ -238,6 +236,35 @@ async def _merged(
             raise failure
 
 
+class _Arrivals:
+    """The branches' pieces in arrival order, for the one merge that takes them all at
+    once (an ``asyncio.Queue`` does more per item than this needs: no size bound, one
+    reader, everything taken together)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[Item] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def taken(self) -> list[Item]:
+        """Everything that arrived since the last call, once something has."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
 def _ending(plan: Plan, tallies: Sequence[Tally], cut: str | None) -> list[bytes]:
     """The merged stream's one usage chunk (summed) and its one ``[DONE]``, or the
     error event of a stream that ended early."""
@@ -250,17 +277,17 @@ def _ending(plan: Plan, tallies: Sequence[Tally], cut: str | None) -> list[bytes
     return [_usage_chunk(plan, model, usage), DONE]
 
 
-async def _pump(index: int, branch: StreamOpen, queue: Queue) -> None:
-    """One branch's pieces into the shared queue; None when it ends, or its failure."""
+async def _pump(index: int, branch: StreamOpen, queue: _Arrivals) -> None:
+    """One branch's pieces into the shared arrivals; None when it ends, or its failure."""
     try:
-        piece = branch.first
-        while piece is not None:
-            queue.put_nowait((index, piece))
-            piece = await anext(branch.events, None)
+        if branch.first is not None:
+            queue.put((index, branch.first))
+            async for piece in branch.events:
+                queue.put((index, piece))
     except (AttemptFailed, NcapError) as exc:
-        await queue.put((index, exc))
+        queue.put((index, exc))
         return
-    await queue.put((index, None))
+    queue.put((index, None))
 
 
 def _id(plan: Plan) -> str:
@@ -269,7 +296,7 @@ def _id(plan: Plan) -> str:
 
 
 def _rebase(
-    piece: StreamPiece, tally: Tally, index: int, merged_id: str, feed: EvidenceFeed
+    piece: StreamPiece, tally: Tally, index: int, merged_id: bytes, feed: EvidenceFeed
 ) -> bytes:
     """A branch's piece as the merged stream's: each chunk's choice moved to the branch's
     index, the merged id; its own usage chunk, ``[DONE]`` and comments kept back (the
@@ -278,16 +305,70 @@ def _rebase(
         tally.done = True
     tally.add_all(piece.summaries)
     out = []
+    at = str(index).encode()
     for data in choice_chunks(piece):
         feed.chunk(data, index)
-        chunk = msgspec.json.decode(data)
-        tally.model = tally.model or str(chunk.get("model") or "")
-        chunk["id"] = merged_id
-        chunk.pop("usage", None)
-        for choice in chunk.get("choices") or []:
-            choice["index"] = index
-        out.append(encode_event(_encode(chunk)))
+        if not tally.model:
+            tally.model = _model_of(data)
+        out.append(encode_event(_spliced(data, at, merged_id) or _recoded(data, index, merged_id)))
     return b"".join(out)
+
+
+_ID_HEAD = b'{"id":"'
+_INDEX_KEY = b'"index":'
+_CHOICE_INDEX = re.compile(rb'"choices":\[\{"index":(\d+)')
+_NULL_USAGE = b',"usage":null}'
+
+
+def _spliced(data: bytes, index: bytes, merged_id: bytes) -> bytes | None:
+    """The chunk with the merged id and the branch's index written over its own, every
+    other byte as the upstream sent it; a ``"usage":null`` it ends with dropped. None
+    unless the chunk is in the form this rewrites exactly, OpenAI's: the id first and
+    without escapes, one choice with its ``index`` first (``"choices":[{"index":N``),
+    no other ``"index"`` anywhere (a tool call's, or one in a string), no other
+    ``"usage"``. A chunk in the encoder's own form gives the bytes ``_recoded`` would."""
+    if not data.startswith(_ID_HEAD):
+        return None
+    id_end = data.find(b'"', 7)
+    if id_end < 0 or b"\\" in data[7:id_end] or data.count(_INDEX_KEY) != 1:
+        return None
+    found = _CHOICE_INDEX.search(data, id_end)
+    if found is None:
+        return None
+    start, stop = found.span(1)
+    tail = data[stop:]
+    if b'"usage"' in tail:
+        if not tail.endswith(_NULL_USAGE) or tail.count(b'"usage"') != 1:
+            return None
+        tail = tail[: -len(_NULL_USAGE)] + b"}"
+    if b'"usage"' in data[:start]:
+        return None
+    return b"".join((b'{"id":', merged_id, data[id_end + 1 : start], index, tail))
+
+
+def _recoded(data: bytes, index: int, merged_id: bytes) -> bytes:
+    """The chunk decoded, its id, its choices' index and usage set, encoded again."""
+    chunk = msgspec.json.decode(data)
+    chunk["id"] = msgspec.json.decode(merged_id)
+    chunk.pop("usage", None)
+    for choice in chunk.get("choices") or []:
+        choice["index"] = index
+    return _encode(chunk)
+
+
+class _Model(msgspec.Struct):
+    model: object = None
+
+
+_decode_model = msgspec.json.Decoder(_Model).decode
+
+
+def _model_of(data: bytes) -> str:
+    """A chunk's ``model``, as text ("" when it has none)."""
+    try:
+        return str(_decode_model(data).model or "")
+    except msgspec.DecodeError:
+        return ""
 
 
 def _usage_chunk(plan: Plan, model: str, usage: dict[str, int]) -> bytes:

@@ -36,15 +36,17 @@ async def relay(
     cut: str | None = "client_disconnect"
     try:
         async with opened.stack:
-            piece = opened.first
-            events = opened.events
-            while piece is not None:
-                out = _take(piece, tally, wants_usage)
+            if opened.first is not None:
+                out = _take(opened.first, tally, wants_usage)
                 if out:
                     yield out
-                if tally.done:
-                    break
-                piece = await anext(events, None)
+                if not tally.done:
+                    async for piece in opened.events:  # one iteration per upstream read
+                        out = _take(piece, tally, wants_usage)
+                        if out:
+                            yield out
+                        if tally.done:
+                            break
             cut = None if tally.done else "stream_truncated"
             if cut:
                 yield error_event(UpstreamError("The upstream stream ended early."))

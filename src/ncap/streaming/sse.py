@@ -215,13 +215,16 @@ def choice_chunks(piece: StreamPiece) -> list[bytes]:
     """The data of the piece's events whose summary has choices, in order (the chunks a
     rewrite or the candidates' evidence reads; the usage chunk, comments and ``[DONE]``
     are not among them)."""
-    if not any(s.choices for s in piece.summaries):
+    summaries = piece.summaries
+    if len(summaries) == 1 and piece.raw.count(b"\n") == 2:  # one event alone: that one
+        return [event_data(piece.raw)] if summaries[0].choices else []
+    if not any(s.choices for s in summaries):
         return []
     out = []
-    summaries = iter(piece.summaries)
+    each = iter(summaries)
     for event in split_events(piece.raw):
         data = event_data(event)
-        if data and data != b"[DONE]" and next(summaries).choices:
+        if data and data != b"[DONE]" and next(each).choices:
             out.append(data)
     return out
 
