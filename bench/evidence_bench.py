@@ -1,7 +1,7 @@
 """CPU per streamed chunk with the candidate evidence on and off, in one run.
 
 What the gateway does per upstream chunk of a streamed answer: split the SSE bytes
-into events (``iter_events``: line split, the settlement summary decoded) and take
+into events (``EventSplitter``: one piece per read, the settlement summary decoded) and take
 each event in the relay (``relay._take``: the tally, and with evidence on, the
 candidates' text and tool calls decoded and hashed). Sockets, aiohttp and the
 ledger are left out, so the overhead is a share of the smallest per-chunk cost
@@ -37,7 +37,7 @@ import benchlib as bl
 from ncap.lifecycle.attempt_report import Tally
 from ncap.lifecycle.evidence import EvidenceFeed
 from ncap.lifecycle.relay import _take
-from ncap.streaming.sse import StreamEvent, iter_events
+from ncap.streaming.sse import EventSplitter, StreamPiece
 from ncap.testing._fake_content import choice_text, labelled_choice
 from ncap.testing._fake_render import Generation, chat_events
 
@@ -49,21 +49,24 @@ def stream_bytes(n: int, tokens: int) -> list[bytes]:
     return chat_events(gen, "separate").data
 
 
-async def _chunks(data: list[bytes]) -> AsyncIterator[bytes]:
+async def _pieces(data: list[bytes]) -> AsyncIterator[StreamPiece]:
+    """Each upstream write as its own read, split as the relay splits it."""
+    splitter = EventSplitter()
     for chunk in data:
-        yield chunk
-
-
-async def _events(data: list[bytes]) -> list[StreamEvent]:
-    return [e async for e in iter_events(_chunks(data))]
+        piece = splitter.feed(chunk)
+        if piece is not None:
+            yield piece
+    last = splitter.end()
+    if last is not None:
+        yield last
 
 
 async def one_stream(data: list[bytes], evidence: bool) -> int:
     """Parse and take one stream; returns the chunks taken."""
     tally = Tally(evidence=EvidenceFeed() if evidence else None)
     taken = 0
-    async for event in iter_events(_chunks(data)):
-        _take(event, tally, True)
+    async for piece in _pieces(data):
+        _take(piece, tally, True)
         taken += 1
     if tally.evidence is not None:
         tally.evidence.finish()
