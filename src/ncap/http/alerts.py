@@ -61,7 +61,10 @@ class BudgetAlerter:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: Metrics | None = None,
+        webhook: Webhook | None = None,
     ) -> None:
+        """``webhook``: the poster shared with other alerts (its owner closes it);
+        without one the alerter makes its own and closes it in ``drain``."""
         self._config = config
         self._settings: BudgetAlerts = config.alerts
         self._grants = grants
@@ -71,7 +74,8 @@ class BudgetAlerter:
         self._running: dict[Subject, asyncio.Task[None]] = {}
         self._again: set[Subject] = set()
         self._refused: dict[Subject, set[str]] = {}
-        self._webhook = Webhook(self._settings, metrics)
+        self._own_webhook = webhook is None
+        self._webhook = webhook or Webhook(self._settings, metrics)
 
     @property
     def enabled(self) -> bool:
@@ -182,7 +186,8 @@ class BudgetAlerter:
     async def drain(self, grace_s: float = 5.0) -> None:
         """At shutdown: let running checks finish for a moment, then stop them."""
         await finish(self._running.values(), grace_s)
-        await self._webhook.close()
+        if self._own_webhook:
+            await self._webhook.close()
 
 
 class Webhook:

@@ -36,7 +36,7 @@ from ncap.errors import (
     RequestTimeout,
 )
 from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_admin_routes
-from ncap.http.alerts import BudgetAlerter
+from ncap.http.alerts import BudgetAlerter, Webhook
 from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.inflight import InFlightLimit
@@ -74,6 +74,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 SIGNALS = web.AppKey("signals", RequestSignals)
 ALERTER = web.AppKey("alerter", BudgetAlerter)
 CANDIDATE_WATCH = web.AppKey("candidate_watch", CandidateWatch)
+WEBHOOK = web.AppKey("webhook", Webhook)
 
 
 class _NoStats:
@@ -493,8 +494,11 @@ def create_app(
     grants = app[GRANTS] = Grants.from_config(config)
     admin_store = app[ADMIN_STORE] = stores.admin
     app[GRANTS_SYNC] = _grants_sync(config, stores, grants)
-    alerter = app[ALERTER] = BudgetAlerter(config, grants, budgets, admin_store, metrics=metrics_)
-    duplicates = app[CANDIDATE_WATCH] = CandidateWatch(config, admin_store, metrics=metrics_)
+    webhook = app[WEBHOOK] = Webhook(config.alerts, metrics_)
+    alerter = app[ALERTER] = BudgetAlerter(
+        config, grants, budgets, admin_store, metrics=metrics_, webhook=webhook
+    )
+    duplicates = app[CANDIDATE_WATCH] = CandidateWatch(config, admin_store, webhook)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider, meter_provider)
     settlement = app[SETTLEMENT] = Settlement(metrics_, on_request_settled=signals.settled)
     accounting = Accounting(
@@ -560,6 +564,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[SETTLEMENT].drain()  # the answers' settlements, before their observers stop
     await app[ALERTER].drain()
     await app[CANDIDATE_WATCH].drain()
+    await app[WEBHOOK].close()  # after both: either may be posting until its drain ends
     app[SIGNALS].shutdown()  # the last spans and metrics exported (OTLP)
     await app[GRANTS_SYNC].stop()
     for rt in routes:

@@ -35,7 +35,6 @@ from typing import Any
 from ncap.config import Config
 from ncap.http.alerts import Webhook, finish
 from ncap.lifecycle import Attempt, Plan
-from ncap.metrics import Metrics
 from ncap.stores.ports import AdminStore, BudgetAlertRow
 
 __all__ = ["CandidateWatch", "candidate_alert_text"]
@@ -57,17 +56,18 @@ class CandidateWatch:
         self,
         config: Config,
         store: AdminStore,
+        webhook: Webhook,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        metrics: Metrics | None = None,
     ) -> None:
+        """``webhook``: the budget alerts' poster, shared (its owner closes it)."""
         thresholds = config.reports.thresholds
         self._limit = thresholds.candidates_distinct_share
         self._min_requests = thresholds.candidates_min_requests
         self._on = config.alerts.candidates and config.alerts.webhook_url is not None
         self._store = store
         self._clock = clock
-        self._webhook = Webhook(config.alerts, metrics)
+        self._webhook = webhook
         self._days: dict[tuple[str, str | None], _Day] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -141,7 +141,6 @@ class CandidateWatch:
     async def drain(self, grace_s: float = 5.0) -> None:
         """At shutdown: let posts in flight finish for a moment, then stop them."""
         await finish(self._tasks, grace_s)
-        await self._webhook.close()
 
 
 def _facts(row: BudgetAlertRow) -> dict[str, Any]:
