@@ -64,27 +64,7 @@ class Metrics:
             buckets=_CANDIDATE_BUCKETS,
             registry=r,
         )
-        self.candidates_distinct_share = Histogram(
-            "ncap_candidates_distinct_share",
-            "Distinct candidates over those returned, per request returning two or more",
-            ["workload"],
-            buckets=_SHARE_BUCKETS,
-            registry=r,
-        )
-        self.candidates_agreement = Histogram(
-            "ncap_candidates_agreement",
-            "The largest group of identical candidates over those returned (majority share)",
-            ["workload"],
-            buckets=_SHARE_BUCKETS,
-            registry=r,
-        )
-        self.candidates_tool_call_share = Histogram(
-            "ncap_candidates_tool_call_share",
-            "Candidates that called a tool over those returned",
-            ["workload"],
-            buckets=(0.0, *_SHARE_BUCKETS),
-            registry=r,
-        )
+        self._candidate_families(r)
         self.tokens = Counter(
             "ncap_tokens", "Provider-reported tokens", ["route", "direction"], registry=r
         )
@@ -102,21 +82,7 @@ class Metrics:
             "Reservations held (in flight or pending)",
             registry=r,
         )
-        self.pending_reconciliation = Gauge(
-            "ncap_pending_reconciliation", "Ledger events awaiting reconciliation", registry=r
-        )
-        self.pending_by_route = Gauge(
-            "ncap_pending_reconciliation_by_route",
-            "Ledger events awaiting reconciliation, by workload and route",
-            ["workload", "route"],
-            registry=r,
-        )
-        self.pending_oldest_age = Gauge(
-            "ncap_pending_reconciliation_oldest_age_seconds",
-            "Age of the oldest ledger event awaiting reconciliation (0: none)",
-            ["workload", "route"],
-            registry=r,
-        )
+        self._reconciliation_families(r)
         self.alert_webhook_failures = Counter(
             "ncap_budget_alert_webhook_failures",
             "Budget alerts whose webhook delivery was given up (after every retry)",
@@ -143,6 +109,48 @@ class Metrics:
         self.cost_micros = Counter(
             "ncap_cost_micros",
             "Settled cost in micro-USD, as recorded in the ledger by this process",
+            ["workload", "route"],
+            registry=r,
+        )
+
+    def _candidate_families(self, r: CollectorRegistry) -> None:
+        """How the candidates of one request relate (counts only, per workload)."""
+        self.candidates_distinct_share = Histogram(
+            "ncap_candidates_distinct_share",
+            "Distinct candidates over those returned, per request returning two or more",
+            ["workload"],
+            buckets=_SHARE_BUCKETS,
+            registry=r,
+        )
+        self.candidates_agreement = Histogram(
+            "ncap_candidates_agreement",
+            "The largest group of identical candidates over those returned (majority share)",
+            ["workload"],
+            buckets=_SHARE_BUCKETS,
+            registry=r,
+        )
+        self.candidates_tool_call_share = Histogram(
+            "ncap_candidates_tool_call_share",
+            "Candidates that called a tool over those returned",
+            ["workload"],
+            buckets=(0.0, *_SHARE_BUCKETS),
+            registry=r,
+        )
+
+    def _reconciliation_families(self, r: CollectorRegistry) -> None:
+        """Ledger rows awaiting reconciliation: how many, where, how old."""
+        self.pending_reconciliation = Gauge(
+            "ncap_pending_reconciliation", "Ledger events awaiting reconciliation", registry=r
+        )
+        self.pending_by_route = Gauge(
+            "ncap_pending_reconciliation_by_route",
+            "Ledger events awaiting reconciliation, by workload and route",
+            ["workload", "route"],
+            registry=r,
+        )
+        self.pending_oldest_age = Gauge(
+            "ncap_pending_reconciliation_oldest_age_seconds",
+            "Age of the oldest ledger event awaiting reconciliation (0: none)",
             ["workload", "route"],
             registry=r,
         )
