@@ -134,3 +134,70 @@ async def test_a_fan_out_reserves_its_branches_as_before(tmp_path: Path) -> None
     if reply.settling:
         await settled(h.gateway)
     assert [(r.attempt, r.state) for r in await h.rows()] == [(1, "settled"), (2, "settled")]
+
+
+class LostReplyBudgets(MemoryBudgetStore):
+    """Reservations the store applies but whose reply is lost (a timeout or a dropped
+    connection after the script ran), from reservation number ``from_number`` on; the
+    releases fail ``release_failures`` times first (the store still away)."""
+
+    def __init__(self, *, round_trip: bool, from_number: int, release_failures: int = 0):
+        super().__init__()
+        self.round_trip = round_trip  # type: ignore[misc]
+        self.quota_scope = "global" if round_trip else "local"  # type: ignore[misc]
+        self.from_number = from_number
+        self.release_failures = release_failures
+        self.reserved = 0
+
+    async def reserve(self, *args: Any, **kwargs: Any) -> Hold:
+        hold = await super().reserve(*args, **kwargs)
+        self.reserved += 1
+        if self.reserved >= self.from_number:
+            raise StoreUnavailable("budgets", "Redis", "timed out")
+        return hold
+
+    async def release(self, hold: Hold | str) -> bool:
+        if self.release_failures:
+            self.release_failures -= 1
+            raise StoreUnavailable("budgets", "Redis", "connection refused")
+        return await super().release(hold)
+
+
+async def _no_holds_left(h: Any) -> None:
+    for _ in range(100):
+        if not await h.outstanding() and h.gateway.accounting.settlement.pending == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(await h.outstanding())
+
+
+async def test_a_reservation_applied_but_unanswered_is_given_back(tmp_path: Path) -> None:
+    """The store ran the reservation and the reply never came: the client gets 503, the
+    row says store_unavailable, and the hold the store kept is released once it answers
+    (here after two refused releases), so no budget stays held for nothing."""
+    budgets = LostReplyBudgets(round_trip=True, from_number=1, release_failures=2)
+    provider = ScriptedProvider([])
+    h = harness(tmp_path, {"a": (route(), provider)}, ledger=MemoryLedgerStore(), budgets=budgets)
+    with pytest.raises(StoreUnavailable):
+        await h.chat()
+    (row,) = await h.rows()
+    assert (row.state, row.policy_reason) == ("denied", "store_unavailable")
+    assert len(await budgets.outstanding()) == 1  # held by the store, unknown to the request
+    await _no_holds_left(h)
+    assert provider.sent == [] and budgets.release_failures == 0
+    usage = await budgets.usage("default")
+    assert (usage.tokens_day, usage.cost_day) == (0, 0)
+
+
+async def test_a_fan_out_admitted_in_part_gives_back_every_branch(tmp_path: Path) -> None:
+    """Branch 1 reserved, branch 2's reply lost: both holds are released."""
+    budgets = LostReplyBudgets(round_trip=False, from_number=2)
+    provider = ScriptedProvider([])
+    h = harness(
+        tmp_path, {"a": (route(EMULATE), provider)}, ledger=MemoryLedgerStore(), budgets=budgets
+    )
+    with pytest.raises(StoreUnavailable):
+        await h.chat(n=3, temperature=1.0)
+    await _no_holds_left(h)
+    assert budgets.reserved == 2 and provider.sent == []
+    assert h.metrics.reservations_outstanding._value.get() == 0  # inc at reserve, dec at release

@@ -25,7 +25,12 @@ from ncap.domain.events import LedgerEvent
 from ncap.domain.grants import Grants
 from ncap.domain.policy import Decision, decide
 from ncap.domain.reservation import Reservation, reservation_for
-from ncap.errors import PolicyDenied, RateLimited, RouteDoesNotSupportCandidates
+from ncap.errors import (
+    PolicyDenied,
+    RateLimited,
+    RouteDoesNotSupportCandidates,
+    StoreUnavailable,
+)
 from ncap.lifecycle.asked import Request, given
 from ncap.lifecycle.plan import Caller, Holds, Plan, RouteRuntime, Sampling
 from ncap.lifecycle.settle import Accounting
@@ -97,6 +102,8 @@ class Admitter:
         except Exception as exc:
             if written is not None:  # e.g. the budget store down: 503, and a refused row
                 await self.books.void(written, exc)
+            if isinstance(exc, StoreUnavailable) and plan is not None:
+                self.books.give_back_later(request_id, holds, len(holds) + 1)
             raise
         m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
         return plan, holds

@@ -220,6 +220,28 @@ class Accounting:
             if isinstance(exc, StoreUnavailable):
                 self.void_later(row)  # closed once the ledger answers again
 
+    def give_back_later(self, request_id: str, holds: Holds, unsure: int) -> None:
+        """A reservation the budget store failed to answer (a timeout, a dropped
+        connection, counters lost and not rebuilt in time): the client gets 503, yet
+        attempt ``unsure``'s hold may exist (the store applied the call and its reply was
+        lost, or the store rebuilt it from the ledger while the attempt's row still read
+        ``reserved``), and ``holds`` are the ones admitted before it. All are released
+        once the store answers (after the row's own close: a rebuild that reads the
+        closed row restores no hold); releasing a hold that does not exist changes
+        nothing."""
+        admitted = list(holds.values())
+        holds.clear()
+        unknown = hold_id_for(request_id, unsure)
+
+        async def release() -> None:
+            while admitted:
+                await self.budgets.release(admitted[-1])
+                admitted.pop()
+                self.metrics.reservations_outstanding.dec()
+            await self.budgets.release(unknown)
+
+        self.settlement.later(Steps([release]))
+
     async def abandon(self, holds: Holds) -> None:
         """Release the holds no dispatched attempt is using (the request ended early)."""
         while holds:

@@ -4,9 +4,13 @@ For the window and the one before it (same length, just before), bucketed by UTC
 (windows up to 48 h) or UTC day: requests, denials and spend per workload, each
 bucket set against the bucket one window-length earlier, and flagged when it moved by
 ``CHANGE`` or more of that earlier value (above a floor, so three requests against
-two are not news). Beside them: every USD budget's limit against what is spent and
-held in its current period (and whether it refuses requests), spend by requested
-candidate count, and pending reconciliation by workload and route.
+two are not news) and, for the counts, by more than their noise: two counts of
+independent arrivals differ by about ``sqrt(a + b)`` by chance alone, so a move of
+``NOISE`` times that or less is not flagged (25 requests in a night hour against 14
+the week before is chance; 500 against 1,000 is not). Beside them: every USD
+budget's limit against what is spent and held in its current period (and whether
+it refuses requests), spend by requested candidate count, and pending
+reconciliation by workload and route.
 
 The SQL stays in the dialect SQLite and PostgreSQL share; the one thing that differs,
 the bucket of a timestamp, is the source's (``LedgerSource.bucket``). Two grouped
@@ -37,11 +41,14 @@ __all__ = [
     "Series",
     "Timeline",
     "build_timeline",
+    "moved",
     "timeline_dict",
 ]
 
 HOURLY_UP_TO = timedelta(hours=48)
 CHANGE = 0.4  # a move of 40 % of the earlier value, either way, is flagged
+NOISE = 3.0  # ...and, for counts, more than 3 standard deviations of chance
+COUNTS: frozenset[str] = frozenset({"requests", "denials"})
 # below these (in both periods) a bucket is too small to flag
 FLOOR: Mapping[str, float] = {"requests": 20, "denials": 10, "spend": 10_000}  # spend: µ$
 NEAR = 0.8  # a budget at 80 % of its limit reads "near"
@@ -246,12 +253,16 @@ def _change(value: float, previous: float) -> float | None:
     return round((value - previous) / previous, 4) if previous else None
 
 
-def _moved(metric: Metric, value: float, previous: float) -> bool:
+def moved(metric: Metric, value: float, previous: float) -> bool:
     """Flag a move of CHANGE or more, above the metric's floor (a new source of traffic,
-    previous 0, counts once it passes the floor)."""
+    previous 0, counts once it passes the floor); a count's move must also exceed
+    NOISE times the spread two Poisson counts have by chance (``sqrt(value + previous)``)."""
     if max(value, previous) < FLOOR[metric]:
         return False
-    return previous == 0 or abs(value - previous) >= CHANGE * previous
+    move = abs(value - previous)
+    if metric in COUNTS and move <= NOISE * (value + previous) ** 0.5:
+        return False
+    return previous == 0 or move >= CHANGE * previous
 
 
 def _values(row: _Row, metric: Metric) -> float:
@@ -289,7 +300,7 @@ def _series(
                     total,
                     previous_total,
                     _change(total, previous_total),
-                    _moved(metric, total, previous_total),
+                    moved(metric, total, previous_total),
                 )
             )
     return out
@@ -297,7 +308,7 @@ def _series(
 
 def _point(metric: Metric, key: str, prev_key: str, value: float, previous: float) -> Point:
     return Point(
-        key, prev_key, value, previous, _change(value, previous), _moved(metric, value, previous)
+        key, prev_key, value, previous, _change(value, previous), moved(metric, value, previous)
     )
 
 
