@@ -102,7 +102,10 @@ routes:
 """
 _SERVE = "from ncap.cli.main import main; main()"
 # the evidence hook as a no-op: the stream is relayed exactly as with it on
-_OFF = "import ncap.lifecycle.evidence as e; e.EvidenceFeed.chunk = lambda *a, **k: None; "
+_OFF = (
+    "import ncap.lifecycle.evidence as e; "
+    "e.EvidenceFeed.chunk = e.EvidenceFeed.piece = lambda *a, **k: None; "
+)
 
 
 def _gateway(name: str, config: Path, work: Path, evidence: bool) -> tuple[bl.Server, str]:

@@ -65,7 +65,10 @@ TARGETS = (
     "portkey",
 )
 # the evidence hook as a no-op in the served process only: the stream is relayed as with it
-EVIDENCE_OFF = "import ncap.lifecycle.evidence as e; e.EvidenceFeed.chunk = lambda *a, **k: None; "
+EVIDENCE_OFF = (
+    "import ncap.lifecycle.evidence as e; "
+    "e.EvidenceFeed.chunk = e.EvidenceFeed.piece = lambda *a, **k: None; "
+)
 LITELLM_BIN = bl.ROOT / ".venv-litellm" / "bin" / "litellm"
 PORTKEY_DIR = bl.BENCH / "portkey"
 PORTKEY_BIN = PORTKEY_DIR / "node_modules" / ".bin" / "gateway"

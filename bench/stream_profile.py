@@ -16,6 +16,7 @@ bare pass-through is measured in the same run, for the ratio. The difference bet
                 (what is left: aiohttp both sides, the lifecycle's generators, the
                 settlement at the end; the stream is then not settled to its usage)
   no-gc         Python's cyclic garbage collector off (what its passes cost)
+  no-evidence   the candidates' evidence hook (n > 1 streams) a no-op
 
 ``--cprofile`` also runs ``full`` under cProfile and prints the top functions by own
 time (``--top``). ``--ncap-src`` serves other sources (e.g. an older checkout): only
@@ -44,7 +45,7 @@ from typing import Any
 import benchlib as bl
 import stream_bench as sb
 
-CASES = ("full", "no-decode", "no-tally", "no-watchdog", "no-split", "no-gc")
+CASES = ("full", "no-decode", "no-tally", "no-watchdog", "no-split", "no-gc", "no-evidence")
 
 
 def switch_off(case: str) -> None:
@@ -52,7 +53,12 @@ def switch_off(case: str) -> None:
     from ncap.protocol.responses import ResponseSummary
     from ncap.streaming import sse
 
-    if case == "no-gc":
+    if case == "no-evidence":
+        from ncap.lifecycle.evidence import EvidenceFeed
+
+        EvidenceFeed.chunk = lambda self, data, index=None: None  # type: ignore[method-assign]
+        EvidenceFeed.piece = lambda self, raw: None  # type: ignore[method-assign]
+    elif case == "no-gc":
         import gc
 
         gc.disable()

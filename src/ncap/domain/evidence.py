@@ -15,8 +15,10 @@ JSON arguments are not re-ordered by key (a canonical sort needs each candidate'
 arguments kept whole until they end) and why text is not Unicode-normalized (a
 combining mark can arrive in the delta after its base character); a model writes a
 tool's keys in its schema's order, and the same model writes the same code points.
-The only content-derived state held during the request is each hash's internal block
-(at most 128 bytes of not yet compressed input, inside ``hashlib``).
+Here, the only content-derived state held during the request is each hash's internal
+block (at most 128 bytes of not yet compressed input, inside ``hashlib``); a stream's
+feed (``ncap.lifecycle.evidence``) also keeps up to 64 KiB of the relayed events, in
+memory only, until it reads them together.
 """
 
 from __future__ import annotations

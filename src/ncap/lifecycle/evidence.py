@@ -1,9 +1,15 @@
 """The hook between relayed answers and ``ncap.domain.evidence``: a whole body's
-choices, or a stream's chunks one at a time, fed to one ``Candidates`` per request.
+choices, or a stream's events, fed to one ``Candidates`` per request.
 
-``EvidenceFeed.chunk`` is what a relay calls per event with choices; it decodes only
-the candidates' text and tool calls (``ncap.protocol.candidates``). Nothing here can
-fail a request: an answer whose candidates cannot be read yields no evidence.
+``EvidenceFeed.piece`` is what the relay calls per upstream read (``chunk`` what the
+fan-out merge calls per event it re-indexes). Either only keeps the bytes (a reference
+to what the relay has anyway); the kept events are read together once ``HOLD_BYTES``
+of them are kept and when the answer ends: one decode of only the candidates' text
+and tool calls (``ncap.protocol.candidates``), each candidate's text of the batch
+hashed as one string. The digests are those of one delta at a time (the normalization
+is the same over any split of the text); what a relayed chunk costs is a list append,
+not a decode and a hash update. Nothing here can fail a request: an answer whose
+candidates cannot be read yields no evidence.
 """
 
 from __future__ import annotations
@@ -14,10 +20,15 @@ import msgspec
 
 from ncap.domain.evidence import Candidates, Evidence
 from ncap.protocol.candidates import CandidatesWire, ChoiceWire, MessageWire
+from ncap.streaming.sse import event_data
 
 __all__ = ["EvidenceFeed", "evidence_headers"]
 
 _decode = msgspec.json.Decoder(CandidatesWire).decode
+_decode_all = msgspec.json.Decoder(list[CandidatesWire]).decode
+# the stream events kept before they are read together (a bound on the memory a long
+# stream's evidence holds; about 400 chunk events)
+HOLD_BYTES = 64 * 1024
 # the hashes' key, one per process (immutable): a digest means nothing outside it, and
 # none is ever stored
 _PROCESS_KEY = os.urandom(32)
@@ -27,11 +38,15 @@ class EvidenceFeed:
     """One request's candidates as they pass (``body`` per whole answer, ``chunk``
     per stream event), then ``finish`` once."""
 
-    __slots__ = ("_candidates", "_unreadable")
+    __slots__ = ("_at", "_candidates", "_held", "_held_bytes", "_pieces", "_unreadable")
 
     def __init__(self) -> None:
         self._candidates = Candidates(_PROCESS_KEY)
         self._unreadable = False
+        self._pieces: list[bytes] = []  # relayed pieces not read yet (``piece``)
+        self._held: list[bytes] = []  # events' data not read yet (``chunk``)
+        self._at: list[int | None] = []  # and the index each is placed at (or None)
+        self._held_bytes = 0
 
     def body(self, body: bytes, first_index: int = 0) -> None:
         """A whole answer's choices; ``first_index`` places them (an emulated fan-out's
@@ -43,21 +58,72 @@ class EvidenceFeed:
             index = first_index + (choice.index if choice.index is not None else position)
             self._choice(index, choice, choice.message)
 
+    def piece(self, raw: bytes) -> None:
+        """One relayed piece (``StreamPiece.raw``: whole events, each ending with its
+        blank line and only there, every data event one JSON object), its choices at
+        their own indexes. Kept, and read with the others of its batch."""
+        self._pieces.append(raw)
+        self._held_bytes += len(raw)
+        if self._held_bytes >= HOLD_BYTES:
+            self._read_held()
+
     def chunk(self, data: bytes, index: int | None = None) -> None:
-        """One stream event's JSON; ``index`` overrides the choices' own (a fan-out
-        branch's single choice)."""
-        wire = self._read(data)
-        if wire is None:
-            return
-        for choice in wire.choices:
-            at = index if index is not None else (choice.index or 0)
-            self._choice(at, choice, choice.delta)
+        """One stream event's JSON (every data event the relay let through decoded as
+        one JSON object); ``index`` overrides the choices' own (a fan-out branch's
+        single choice). Kept, and read with the others of its batch."""
+        self._held.append(data)
+        self._at.append(index)
+        self._held_bytes += len(data)
+        if self._held_bytes >= HOLD_BYTES:
+            self._read_held()
 
     def finish(self, complete: bool = True) -> Evidence | None:
         """The counts, when every candidate was read and the answer ``complete`` (a cut
         stream's candidates are not all there); the digests are dropped either way."""
+        if self._held or self._pieces:
+            self._read_held()
         evidence = self._candidates.finish()
         return evidence if complete and not self._unreadable else None
+
+    def _read_held(self) -> None:
+        """The kept events in one decode; each candidate's text deltas of the batch
+        joined and hashed once, other deltas (tool calls, legacy text) one by one."""
+        held, at = self._held, self._at
+        if self._pieces:
+            found = _datas(b"".join(self._pieces))
+            held += found
+            at += [None] * len(found)
+        self._held, self._at, self._pieces, self._held_bytes = [], [], [], 0
+        if self._unreadable:
+            return
+        try:
+            wires = _decode_all(b"[" + b",".join(held) + b"]")
+        except msgspec.DecodeError:  # ValidationError included: a shape we cannot compare
+            self._unreadable = True
+            return
+        candidates = self._candidates
+        texts: dict[int, list[str]] = {}  # each candidate's text deltas, in order
+        for wire, index in zip(wires, at, strict=True):
+            for choice in wire.choices:
+                i = index if index is not None else (choice.index or 0)
+                delta = choice.delta
+                if delta is None or not delta.tool_calls:
+                    content = delta.content if delta is not None else None
+                    if not (content and choice.text):  # one text at most: the common case
+                        piece = content or choice.text
+                        if not piece:
+                            candidates.seen(i)
+                        elif (parts := texts.get(i)) is None:
+                            texts[i] = [piece]
+                        else:
+                            parts.append(piece)
+                        continue
+                parts = texts.pop(i, None)  # what came before goes first
+                if parts:
+                    candidates.text(i, "".join(parts))
+                self._choice(i, choice, delta)
+        for i, parts in texts.items():
+            candidates.text(i, parts[0] if len(parts) == 1 else "".join(parts))
 
     def _read(self, data: bytes) -> CandidatesWire | None:
         if self._unreadable:
@@ -82,6 +148,21 @@ class EvidenceFeed:
             fn = call.function
             at = call.index if call.index is not None else position
             candidates.tool_call(index, at, fn.name if fn else None, fn.arguments if fn else None)
+
+
+def _datas(raw: bytes) -> list[bytes]:
+    """The data of every event of relayed pieces that may carry choices (not
+    ``[DONE]``, not comments): a one-line ``data: {`` event sliced, any other form
+    through ``event_data``."""
+    out = []
+    for event in raw.split(b"\n\n"):
+        if event.startswith(b"data: {") and b"\n" not in event:
+            out.append(event[6:])
+        elif event:
+            data = event_data(event + b"\n\n")
+            if data.startswith(b"{"):
+                out.append(data)
+    return out
 
 
 def evidence_headers(evidence: Evidence | None) -> dict[str, str]:

@@ -17,7 +17,7 @@ from ncap.lifecycle.failures import stream_cut
 from ncap.lifecycle.plan import Attempt
 from ncap.lifecycle.settle import Accounting
 from ncap.providers.base import AttemptFailed
-from ncap.streaming.sse import StreamPiece, choice_chunks, encode_event, event_data
+from ncap.streaming.sse import StreamPiece, encode_event, event_data
 
 __all__ = ["error_event", "relay"]
 
@@ -59,15 +59,14 @@ async def relay(
 
 def _take(piece: StreamPiece, tally: Tally, client_wants_usage: bool) -> bytes:
     """The piece's bytes for the client, its summaries counted on the way (and, for
-    the candidates' evidence, each chunk that carries choices)."""
+    the candidates' evidence, kept for the feed to read)."""
     if piece.done:
         tally.done = True
     if piece.choice_tokens is not None:
         tally.choice_tokens = piece.choice_tokens
     usage_seen = tally.add_all(piece.summaries)
     if tally.evidence is not None:
-        for data in choice_chunks(piece):
-            tally.evidence.chunk(data)
+        tally.evidence.piece(piece.raw)
     if usage_seen and not client_wants_usage:
         return _without_usage(piece.raw)
     return piece.raw
