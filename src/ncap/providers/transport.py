@@ -53,6 +53,10 @@ FailureOf = Callable[[int, Mapping[str, str], bytes], AttemptFailed]
 """(status, response headers, body) of a non-200 answer → the attempt's failure."""
 
 _MAX_ERROR_BODY = 65536
+# after a stream's last event, how much more of its body is read (and for how long) to
+# reach the body's end and keep the connection (``HttpTransport._finish``)
+_DRAIN_BYTES = 65536
+_DRAIN_S = 5.0
 # an answer's bound: the envelope, plus per token allowed (a streamed chunk with 20
 # top logprobs is about 1.6 KB of JSON per token; 4 KiB leaves room for escapes)
 ANSWER_BASE_BYTES = 1 << 20
@@ -147,6 +151,7 @@ class HttpTransport:
         )
         self._session: aiohttp.ClientSession | None = None
         self._whole_timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._draining: set[asyncio.Task[None]] = set()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -241,8 +246,24 @@ class HttpTransport:
                     payload = await _read(resp, _MAX_ERROR_BODY, cut=True)
                 raise self._failure(resp, payload)
             yield resp
-        finally:
+        except BaseException:
             resp.close()
+            raise
+        self._finish(resp)
+
+    def _finish(self, resp: aiohttp.ClientResponse) -> None:
+        """A stream its reader left without an error (it read the last event): the
+        connection goes back to the pool once the body's own end is read. That end (a
+        chunked body's last, empty chunk) often comes in the read after the last
+        event, and a connection closed before it is a new connection (a TCP, and on
+        the Internet a TLS, handshake) for the next stream; it is read in the
+        background (``_drain``), so the stream's end is not delayed."""
+        if resp.content.at_eof():
+            resp.release()
+            return
+        task = asyncio.get_running_loop().create_task(_drain(resp))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
 
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         """The upstream's id of this request, from the header the provider named
@@ -277,8 +298,32 @@ class HttpTransport:
         return self.scrub(self._failure_of(resp.status, resp.headers, payload))
 
     async def aclose(self) -> None:
+        for task in list(self._draining):
+            task.cancel()
+        await asyncio.gather(*self._draining, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """The rest of a finished stream's body read (at most ``_DRAIN_BYTES``, within
+    ``_DRAIN_S``: what follows the last event is the body's end, or a few bytes), then
+    the connection released to the pool; closed instead if the end did not come."""
+    try:
+        async with asyncio.timeout(_DRAIN_S):
+            left = _DRAIN_BYTES
+            while left > 0 and not resp.content.at_eof():
+                data = await resp.content.readany()
+                if not data:
+                    break
+                left -= len(data)
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    finally:
+        if resp.content.at_eof():
+            resp.release()
+        else:
+            resp.close()
 
 
 class ReadGapWatch:
