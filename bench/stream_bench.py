@@ -3,7 +3,8 @@
 
 One minimal streaming upstream (``upstream`` below: OpenAI-shaped chunks of one token
 each, the n choices interleaved, then a usage chunk and ``[DONE]``, every chunk its own
-write) serves every target:
+write, as fast as it can after a 2 ms pause between the role chunks and the first
+token) serves every target:
 
   direct        the upstream itself (the base of "added" time to first byte)
   bare          an aiohttp pass-through that copies the upstream's bytes as they come
@@ -73,6 +74,7 @@ LITELLM_BIN = bl.ROOT / ".venv-litellm" / "bin" / "litellm"
 PORTKEY_DIR = bl.BENCH / "portkey"
 PORTKEY_BIN = PORTKEY_DIR / "node_modules" / ".bin" / "gateway"
 MESSAGES = [{"role": "user", "content": "Count to five hundred, one word per token."}]
+FIRST_TOKEN_MS = 2.0  # the upstream's pause between its role chunks and its first token
 
 
 # -- the upstream -------------------------------------------------------------------
@@ -103,10 +105,13 @@ def _choice(head: bytes, index: int, delta: bytes, finish: bytes) -> bytes:
     return b"data: " + head + choice + b"]}\n\n"
 
 
-def upstream_main(port: int, pace_ms: float = 0.0) -> None:
+def upstream_main(port: int, pace_ms: float = 0.0, first_token_ms: float = FIRST_TOKEN_MS) -> None:
     """A streaming upstream: ``n`` choices of ``max_tokens`` (or
     ``max_completion_tokens``) one-token chunks, interleaved; usage always sent;
-    ``pace_ms`` between writes (0: as fast as it can)."""
+    ``pace_ms`` between writes (0: as fast as it can). ``first_token_ms`` after the
+    role chunks, as a model pauses before its first token: without it the first chunk
+    left while the upstream wrote the other thousand, and time to first byte at c=1
+    measured three processes (upstream, gateway, client) sharing two cores."""
     import uvloop
     from aiohttp import web
 
@@ -129,9 +134,11 @@ def upstream_main(port: int, pace_ms: float = 0.0) -> None:
         chunks = cache.get(key) or cache.setdefault(key, _chunks(model, n, tokens))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for chunk in chunks:
+        for number, chunk in enumerate(chunks, 1):
             await resp.write(chunk)
-            if pace_ms:
+            if number == n and first_token_ms:
+                await asyncio.sleep(first_token_ms / 1000)
+            elif pace_ms:
                 await asyncio.sleep(pace_ms / 1000)
         await resp.write_eof()
         return resp
@@ -603,9 +610,10 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--port", type=int, required=True)
         sub.add_argument("--upstream", default="")
         sub.add_argument("--pace-ms", type=float, default=0.0)
+        sub.add_argument("--first-token-ms", type=float, default=FIRST_TOKEN_MS)
         ns = sub.parse_args(argv[1:])
         if kind == "upstream":
-            upstream_main(ns.port, ns.pace_ms)
+            upstream_main(ns.port, ns.pace_ms, ns.first_token_ms)
         else:
             bare_main(ns.port, ns.upstream)
         return 0

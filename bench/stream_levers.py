@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import inspect
 import json
 import subprocess
 import sys
@@ -87,11 +88,17 @@ def _rebase(n: int, total: int, evidence: bool) -> None:
     merged: Any = "chatcmpl-r1"
     if hasattr(fanout, "_spliced"):
         merged = msgspec.json.encode(merged)
-    feed: Any = EvidenceFeed() if evidence else SimpleNamespace(chunk=lambda *a: None)
+    feed: Any = EvidenceFeed() if evidence else SimpleNamespace(chunk=None, piece=None)
     tally = Tally(model="fake-model")
     pieces = [EventSplitter().feed(EVENT) for _ in range(total)]  # the same in both runs
-    for piece in pieces[:n]:
-        fanout._rebase(piece, tally, 2, merged, feed)
+    if len(inspect.signature(fanout._rebase).parameters) == 5:  # a tree that fed per event
+        for piece in pieces[:n]:
+            fanout._rebase(piece, tally, 2, merged, feed)
+        return
+    for piece in pieces[:n]:  # the merge feeds what it writes
+        out = fanout._rebase(piece, tally, 2, merged)
+        if evidence:
+            feed.piece(out)
 
 
 def run(lever: str, n: int, total: int) -> None:

@@ -75,10 +75,15 @@ def _whole(seed: int) -> bytes:
     return json.dumps({"choices": choices}).encode()
 
 
+def _event(data: bytes) -> bytes:
+    return b"data: " + data + b"\n\n"
+
+
 def _streamed(events: list[bytes]) -> Evidence | None:
+    """One event per relayed piece (the common read)."""
     feed = EvidenceFeed()
     for data in events:
-        feed.chunk(data)
+        feed.piece(_event(data))
     return feed.finish()
 
 
@@ -97,13 +102,16 @@ def test_batched_stream_agrees_with_the_whole_answer(
     assert _streamed(_stream(seed)) == expected
 
 
-def test_a_fan_out_places_each_branch_at_its_index() -> None:
+def test_a_merged_write_holds_several_candidates() -> None:
+    """The fan-out merge writes what arrived together from its branches, each choice at
+    its branch's index: one piece, several candidates."""
     feed = EvidenceFeed()
-    for branch, text in enumerate(["same", "same", "other"]):
-        for word in (text[:2], text[2:]):
-            feed.chunk(
-                json.dumps({"choices": [{"index": 0, "delta": {"content": word}}]}).encode(), branch
-            )
+    for half in (slice(0, 2), slice(2, None)):
+        write = b"".join(
+            _event(json.dumps({"choices": [{"index": i, "delta": {"content": t[half]}}]}).encode())
+            for i, t in enumerate(["same", "same", "other"])
+        )
+        feed.piece(write)
     assert feed.finish() == Evidence(compared=3, distinct=2, majority=2, tool_calls=0)
 
 
@@ -117,7 +125,7 @@ def test_an_unreadable_event_means_no_evidence(monkeypatch: pytest.MonkeyPatch) 
 def test_a_cut_stream_gives_no_evidence() -> None:
     feed = EvidenceFeed()
     for data in _stream(2)[:10]:
-        feed.chunk(data)
+        feed.piece(_event(data))
     assert feed.finish(complete=False) is None
 
 
@@ -133,7 +141,7 @@ def test_text_before_a_delta_read_alone_keeps_its_place() -> None:
     ]
     feed = EvidenceFeed()
     for choice in events:
-        feed.chunk(json.dumps({"choices": [choice]}).encode())
+        feed.piece(_event(json.dumps({"choices": [choice]}).encode()))
     assert feed.finish() == Evidence(compared=2, distinct=1, majority=2, tool_calls=2)
 
 

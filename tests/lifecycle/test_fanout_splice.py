@@ -10,7 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from ncap.lifecycle.fanout import _recoded, _spliced
+from ncap.lifecycle.attempt_report import Tally
+from ncap.lifecycle.fanout import _rebase, _recoded, _spliced, _spliced_piece
+from ncap.streaming.sse import EventSplitter, StreamPiece, choice_chunks, encode_event
 
 MERGED_ID = msgspec.json.encode("chatcmpl-req-1")
 
@@ -80,3 +82,50 @@ def test_spaces_the_upstream_wrote_are_kept_by_the_splice() -> None:
     assert _spliced(data, b"2", MERGED_ID) == (
         b'{"id":"chatcmpl-req-1","choices":[{"index":2,"delta": {"content": "a"}}]}'
     )
+
+
+def _piece(chunks: list[bytes], tail: bytes = b"") -> StreamPiece:
+    piece = EventSplitter().feed(b"".join(b"data: " + c + b"\n\n" for c in chunks) + tail)
+    assert piece is not None
+    return piece
+
+
+def _event_by_event(piece: StreamPiece, index: int) -> bytes:
+    at = str(index).encode()
+    return b"".join(
+        encode_event(_spliced(d, at, MERGED_ID) or _recoded(d, index, MERGED_ID))
+        for d in choice_chunks(piece)
+    )
+
+
+PLAIN = [
+    msgspec.json.encode(SPLICED["text"]),
+    msgspec.json.encode(SPLICED["escapes and non-ASCII"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "tail", "whole"),
+    [
+        (PLAIN, b"", True),  # a branch's usual read
+        ([msgspec.json.encode(SPLICED["usage null at the end"])] * 3, b"", True),
+        (PLAIN * 5, b"", True),
+        (PLAIN, b"data: [DONE]\n\n", False),
+        (PLAIN, b": keep-alive\n\n", False),
+        ([*PLAIN, msgspec.json.encode(DECODED["usage with counts"])], b"", False),
+        ([*PLAIN, msgspec.json.encode(DECODED["a tool call's index"])], b"", False),
+        ([msgspec.json.encode(SPLICED["a two-digit index"])], b"", False),
+        ([*PLAIN, msgspec.json.encode({**SPLICED["text"], "id": "another"})], b"", False),
+        ([b'{"id":"up","choices":[{"index": 0,"delta":{}}]}'], b"", False),
+    ],
+)
+def test_a_whole_piece_is_rewritten_as_event_by_event(
+    chunks: list[bytes], tail: bytes, whole: bool
+) -> None:
+    """The merge rewrites a branch's piece in three replacements when every event is a
+    one-line chunk of one upstream id; the bytes are those of the event-by-event path,
+    and any other piece takes that path."""
+    piece = _piece(chunks, tail)
+    assert (_spliced_piece(piece, b"3", MERGED_ID) is not None) is whole
+    rebased = _rebase(piece, Tally(model="up-model"), 3, MERGED_ID)
+    assert rebased == _event_by_event(piece, 3)

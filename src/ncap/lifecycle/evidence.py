@@ -1,15 +1,15 @@
 """The hook between relayed answers and ``ncap.domain.evidence``: a whole body's
 choices, or a stream's events, fed to one ``Candidates`` per request.
 
-``EvidenceFeed.piece`` is what the relay calls per upstream read (``chunk`` what the
-fan-out merge calls per event it re-indexes). Either only keeps the bytes (a reference
-to what the relay has anyway); the kept events are read together once ``HOLD_BYTES``
-of them are kept and when the answer ends: one decode of only the candidates' text
-and tool calls (``ncap.protocol.candidates``), each candidate's text of the batch
-hashed as one string. The digests are those of one delta at a time (the normalization
-is the same over any split of the text); what a relayed chunk costs is a list append,
-not a decode and a hash update. Nothing here can fail a request: an answer whose
-candidates cannot be read yields no evidence.
+``EvidenceFeed.piece`` is what a relay calls per write (the native relay per upstream
+read, the fan-out merge per merged write, its branches' choices at their indexes). It
+only keeps the bytes (a reference to what the relay has anyway); the kept events are
+read together once ``HOLD_BYTES`` of them are kept and when the answer ends: one
+decode of only the candidates' text and tool calls (``ncap.protocol.candidates``),
+each candidate's text of the batch hashed as one string. The digests are those of one
+delta at a time (the normalization is the same over any split of the text); what a
+relayed chunk costs is a list append, not a decode and a hash update. Nothing here can
+fail a request: an answer whose candidates cannot be read yields no evidence.
 """
 
 from __future__ import annotations
@@ -38,14 +38,12 @@ class EvidenceFeed:
     """One request's candidates as they pass (``body`` per whole answer, ``chunk``
     per stream event), then ``finish`` once."""
 
-    __slots__ = ("_at", "_candidates", "_held", "_held_bytes", "_pieces", "_unreadable")
+    __slots__ = ("_candidates", "_held_bytes", "_pieces", "_unreadable")
 
     def __init__(self) -> None:
         self._candidates = Candidates(_PROCESS_KEY)
         self._unreadable = False
-        self._pieces: list[bytes] = []  # relayed pieces not read yet (``piece``)
-        self._held: list[bytes] = []  # events' data not read yet (``chunk``)
-        self._at: list[int | None] = []  # and the index each is placed at (or None)
+        self._pieces: list[bytes] = []  # relayed pieces not read yet
         self._held_bytes = 0
 
     def body(self, body: bytes, first_index: int = 0) -> None:
@@ -67,20 +65,10 @@ class EvidenceFeed:
         if self._held_bytes >= HOLD_BYTES:
             self._read_held()
 
-    def chunk(self, data: bytes, index: int | None = None) -> None:
-        """One stream event's JSON (every data event the relay let through decoded as
-        one JSON object); ``index`` overrides the choices' own (a fan-out branch's
-        single choice). Kept, and read with the others of its batch."""
-        self._held.append(data)
-        self._at.append(index)
-        self._held_bytes += len(data)
-        if self._held_bytes >= HOLD_BYTES:
-            self._read_held()
-
     def finish(self, complete: bool = True) -> Evidence | None:
         """The counts, when every candidate was read and the answer ``complete`` (a cut
         stream's candidates are not all there); the digests are dropped either way."""
-        if self._held or self._pieces:
+        if self._pieces:
             self._read_held()
         evidence = self._candidates.finish()
         return evidence if complete and not self._unreadable else None
@@ -88,24 +76,20 @@ class EvidenceFeed:
     def _read_held(self) -> None:
         """The kept events in one decode; each candidate's text deltas of the batch
         joined and hashed once, other deltas (tool calls, legacy text) one by one."""
-        held, at = self._held, self._at
-        if self._pieces:
-            found = _datas(b"".join(self._pieces))
-            held += found
-            at += [None] * len(found)
-        self._held, self._at, self._pieces, self._held_bytes = [], [], [], 0
+        datas = _datas(b"".join(self._pieces))
+        self._pieces, self._held_bytes = [], 0
         if self._unreadable:
             return
         try:
-            wires = _decode_all(b"[" + b",".join(held) + b"]")
+            wires = _decode_all(b"[" + b",".join(datas) + b"]")
         except msgspec.DecodeError:  # ValidationError included: a shape we cannot compare
             self._unreadable = True
             return
         candidates = self._candidates
         texts: dict[int, list[str]] = {}  # each candidate's text deltas, in order
-        for wire, index in zip(wires, at, strict=True):
+        for wire in wires:
             for choice in wire.choices:
-                i = index if index is not None else (choice.index or 0)
+                i = choice.index or 0
                 delta = choice.delta
                 if delta is None or not delta.tool_calls:
                     content = delta.content if delta is not None else None

@@ -228,9 +228,10 @@ async def _merged(
                 failure = item
                 break
             else:
-                out.append(_rebase(item, tallies[index], index, merged_id, feed))
+                out.append(_rebase(item, tallies[index], index, merged_id))
         joined = b"".join(out)
         if joined:
+            feed.piece(joined)  # each branch's choice at its index already
             yield joined
         if failure is not None:
             raise failure
@@ -295,29 +296,57 @@ def _id(plan: Plan) -> str:
     return f"{'chatcmpl' if plan.kind == 'chat' else 'cmpl'}-{plan.request_id}"
 
 
-def _rebase(
-    piece: StreamPiece, tally: Tally, index: int, merged_id: bytes, feed: EvidenceFeed
-) -> bytes:
+def _rebase(piece: StreamPiece, tally: Tally, index: int, merged_id: bytes) -> bytes:
     """A branch's piece as the merged stream's: each chunk's choice moved to the branch's
     index, the merged id; its own usage chunk, ``[DONE]`` and comments kept back (the
     merged stream ends once, with the usage summed)."""
     if piece.done:
         tally.done = True
     tally.add_all(piece.summaries)
-    out = []
     at = str(index).encode()
+    if tally.model:
+        whole = _spliced_piece(piece, at, merged_id)
+        if whole is not None:
+            return whole
+    out = []
     for data in choice_chunks(piece):
-        feed.chunk(data, index)
         if not tally.model:
             tally.model = _model_of(data)
         out.append(encode_event(_spliced(data, at, merged_id) or _recoded(data, index, merged_id)))
     return b"".join(out)
 
 
+def _spliced_piece(piece: StreamPiece, index: bytes, merged_id: bytes) -> bytes | None:
+    """``_spliced`` over a whole piece at once, when each of its events is a one-line
+    chunk that ``_spliced`` rewrites and they share one upstream id (a branch's usual
+    read: its one choice's chunks, nothing else): three replacements over the piece's
+    bytes, each checked to hit every event exactly once. None otherwise (``[DONE]``, a
+    comment, the usage chunk, a tool call's own ``"index"``, spacing of another form):
+    the piece is then rewritten event by event."""
+    raw, count = piece.raw, len(piece.summaries)
+    if not count or raw.count(b"\n") != 2 * count or not raw.startswith(_EVENT_ID_HEAD):
+        return None
+    head = raw[: raw.find(b'"', len(_EVENT_ID_HEAD)) + 1]  # data: {"id":"<branch's id>"
+    if len(head) <= len(_EVENT_ID_HEAD) or b"\\" in head or raw.count(head) != count:
+        return None
+    if raw.count(_INDEX_KEY) != count or raw.count(_FIRST_INDEX_0) != count:
+        return None
+    usage = raw.count(b'"usage"')
+    if usage and raw.count(_NULL_USAGE_END) != usage:
+        return None
+    out = raw.replace(head, b"data: {" + b'"id":' + merged_id)
+    out = out.replace(_FIRST_INDEX_0, _FIRST_INDEX + index)
+    return out.replace(_NULL_USAGE_END, b"}\n\n") if usage else out
+
+
 _ID_HEAD = b'{"id":"'
 _INDEX_KEY = b'"index":'
 _CHOICE_INDEX = re.compile(rb'"choices":\[\{"index":(\d+)')
 _NULL_USAGE = b',"usage":null}'
+_EVENT_ID_HEAD = b"data: " + _ID_HEAD
+_FIRST_INDEX = b'"choices":[{"index":'
+_FIRST_INDEX_0 = _FIRST_INDEX + b"0"
+_NULL_USAGE_END = _NULL_USAGE + b"\n\n"
 
 
 def _spliced(data: bytes, index: bytes, merged_id: bytes) -> bytes | None:
