@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from ncap.config import utcnow
 from ncap.domain.budget import Buckets, Usage
+from ncap.domain.instants import iso_second
 from ncap.stores._common import (
     Charge,
     Entry,
@@ -267,9 +268,16 @@ def _row(hold: Hold) -> tuple[Any, ...]:
         hold.day,
         hold.month,
         hold.gateway_instance,
-        hold.created_at.astimezone(UTC).isoformat(),
+        _created(hold.created_at),
         hold.state,
     )
+
+
+def _created(value: datetime) -> str:
+    """``value.astimezone(UTC).isoformat()``, its seconds formatted once per second."""
+    utc = value.astimezone(UTC)
+    us = utc.microsecond
+    return f"{iso_second(utc)}.{us:06d}+00:00" if us else f"{iso_second(utc)}+00:00"
 
 
 def _hold(row: tuple[Any, ...]) -> Hold:
