@@ -73,9 +73,10 @@ class _Job:
     outcome: tuple[bool, Any] = (False, None)
 
 
-def _bind_none(value: None) -> None:
-    """``None`` binds as NULL, as without an adapter (see ``connect``)."""
-    return value
+# the adapter of None (see ``connect``): it must return None, and a C callable does so
+# without a Python frame per parameter; an empty dict's ``get`` answers None for any key
+_NO_ENTRIES: dict[None, None] = {}
+_BIND_NONE: Callable[[None], None] = _NO_ENTRIES.get
 
 
 def connect(path: Path, *, synchronous: Synchronous = "FULL") -> sqlite3.Connection:
@@ -89,7 +90,7 @@ def connect(path: Path, *, synchronous: Synchronous = "FULL") -> sqlite3.Connect
     ``None`` s; with the adapter found, each costs one dict hit and a call, and still
     binds as NULL.
     """
-    sqlite3.register_adapter(type(None), _bind_none)
+    sqlite3.register_adapter(type(None), _BIND_NONE)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA journal_mode = WAL")
