@@ -28,6 +28,7 @@ from ncap.domain.instants import iso_second
 from ncap.stores._common import (
     Charge,
     Entry,
+    HeldRow,
     Key,
     TwoPhaseBudgets,
     build_usage,
@@ -246,15 +247,20 @@ def _exists(conn: sqlite3.Connection, hold_id: str) -> bool:
     return conn.execute(sql, (hold_id,)).fetchone() is not None
 
 
-def _take(conn: sqlite3.Connection, hold_id: str) -> Hold | None:
-    """Remove a hold and return it (None when it was already settled or released)."""
-    row = conn.execute(
-        f"SELECT {_HOLD_COLUMNS} FROM budget_holds WHERE hold_id = ?", (hold_id,)
-    ).fetchone()
+def _take(conn: sqlite3.Connection, hold_id: str) -> HeldRow | None:
+    """Remove a hold and return its counter columns (None when it was already settled
+    or released): only what its entries need, no ``Hold`` built."""
+    row = conn.execute(_TAKE, (hold_id,)).fetchone()
     if row is None:
         return None
     conn.execute("DELETE FROM budget_holds WHERE hold_id = ?", (hold_id,))
-    return _hold(row)
+    return HeldRow(*row)
+
+
+_TAKE = (
+    "SELECT workload_id, exception_id, tokens, cost_micros, minute FROM budget_holds"
+    " WHERE hold_id = ?"
+)
 
 
 def _row(hold: Hold) -> tuple[Any, ...]:
