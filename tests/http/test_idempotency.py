@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from ncap.auth.keys import hash_key
 from ncap.testing.fake_upstream import FakeState
 from tests.http.test_accounting import rows, settled_rows
 from tests.support import ServerThread, gateway, gateway_config
@@ -154,3 +155,16 @@ def test_a_failed_first_request_withdraws_its_key(
         refused = _post(gw409, key, too_many)
         assert refused.json()["error"]["code"] == "candidate_count_exceeds_policy"
     assert fake_state.requests == 0
+
+
+def test_a_keyed_caller_s_retry_count_is_recorded_with_its_workload(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    fake[1].reset()
+    keys = [{"hash": hash_key("sk-eval-key"), "workload": "default", "environment": "eval"}]
+    with gateway(gateway_config(fake[0], tmp_path, keys=keys)) as gw:
+        headers = {"Authorization": "Bearer sk-eval-key", "x-stainless-retry-count": "3"}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=BODY, headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        (row,) = asyncio.run(settled_rows(tmp_path, r.headers["x-request-id"]))
+    assert (row.client_retry_count, row.workload_id, row.environment) == (3, "default", "eval")

@@ -264,6 +264,31 @@ async def test_an_acknowledged_append_is_visible_to_a_new_connection(tmp_path: P
         await store.close()
 
 
+async def test_none_is_bound_through_the_registered_adapter_and_stored_as_null(
+    tmp_path: Path,
+) -> None:
+    """The store registers an adapter for None (a hit in sqlite3's adapter table
+    instead of a failed lookup per parameter); the columns it binds still hold NULL."""
+    path = tmp_path / "ledger.db"
+    store = SQLiteLedgerStore(path)
+    try:
+        assert sqlite3.adapters.get((type(None), sqlite3.PrepareProtocol)) is not None
+        await store.append(event("nulls", requested_candidate_count=None))
+        (got,) = await store.get("nulls")
+    finally:
+        await store.close()
+    assert got.requested_candidate_count is None and got.provider_request_id is None
+    conn = sqlite3.connect(path)
+    try:
+        kinds = conn.execute(
+            "SELECT typeof(requested_candidate_count), typeof(provider_request_id),"
+            " typeof(cost_micros) FROM ledger_events WHERE request_id = 'nulls'"
+        ).fetchone()
+    finally:
+        conn.close()
+    assert kinds == ("null", "null", "null")
+
+
 async def test_concurrent_appends_share_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ncap.config import ExceptionGrant, Workload
+from ncap.domain.instants import bucket_keys
 from ncap.domain.money import format_usd, micros_from_usd
 from ncap.errors import (
     BudgetExhausted,
@@ -95,8 +96,8 @@ class Buckets:
         if now.tzinfo is None:
             raise ValueError("budget clocks must be timezone-aware")
         utc = now.astimezone(UTC)
-        iso = utc.isoformat()  # one formatting call on the hot path: YYYY-MM-DDTHH:MM:...
-        return cls(minute=iso[:16], day=iso[:10], month=iso[:7], now=utc)
+        minute, day, month = bucket_keys(utc)  # formatted once per minute
+        return cls(minute=minute, day=day, month=month, now=utc)
 
     def seconds_to_next_minute(self) -> float:
         nxt = self.now.replace(second=0, microsecond=0) + timedelta(minutes=1)

@@ -151,6 +151,10 @@ class Settlement:
         return self.state in UNSETTLED_STATES
 
 
+# the fixed outcomes, built once (a frozen value is shared safely)
+_SETTLED = Settlement("settled", None)
+_MISMATCH = Settlement("usage_reconciliation_required", "returned_mismatch")
+
 _FAILURE_REASONS: dict[AttemptOutcome, str] = {
     "stream_cut": "stream_cut",
     "timeout": "timeout",
@@ -177,14 +181,14 @@ def settle(
     cancelled at its timeout settles at the usage it counted up to the cancel.
     """
     if outcome in ("rejected", "unbilled_error"):
-        return Settlement("settled", None)
+        return _SETTLED
     if outcome == "cancelled" and usage_present:
-        return Settlement("settled", None)
+        return _SETTLED
     usage_usable = usage_present and outcome in ("completed", "stream_cut")
     if usage_usable and returned_n == effective_n:
-        return Settlement("settled", None)
+        return _SETTLED
     if usage_usable:
-        return Settlement("usage_reconciliation_required", "returned_mismatch")
+        return _MISMATCH
     reason = _FAILURE_REASONS.get(outcome, "usage_missing")
     if stream and outcome != "gateway_lost":
         return Settlement("pending", reason)

@@ -8,7 +8,6 @@ else into a generic 500 envelope (logged without request content), never a trace
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ipaddress
 import itertools
 import logging
@@ -185,16 +184,17 @@ def _keyless_refusal(request: web.Request) -> str | None:
     return None
 
 
-def _authenticate(request: web.Request) -> Caller:
+def _authenticate(request: web.Request, retries: int | None = None) -> Caller:
     """The caller of a key in force (config's and admin-made, minus revoked ones);
     while no key was ever set, every request is workload ``default``, if it is one a
-    local program sent (``_keyless_refusal``)."""
+    local program sent (``_keyless_refusal``). ``retries``: the client's own retry
+    number, recorded with the caller (built once, not copied to add it)."""
     grants = request.app[GRANTS]
     if not grants.keys_required:
         refusal = _keyless_refusal(request)
         if refusal is not None:
             raise Forbidden(refusal + " Create an API key (`ncap keys create`) to serve others.")
-        return Caller("default", "default")
+        return Caller("default", "default", retries)
     header = request.headers.get("Authorization", "")
     if not header.strip():
         raise InvalidApiKey(
@@ -207,7 +207,7 @@ def _authenticate(request: web.Request) -> Caller:
         digest = hash_key(key.strip())
         for entry in grants.keys:
             if secrets.compare_digest(entry.hash, digest):
-                return Caller(entry.workload, entry.environment, key_id=key_id(entry))
+                return Caller(entry.workload, entry.environment, retries, key_id(entry))
     raise InvalidApiKey("Incorrect API key provided.")
 
 
@@ -227,10 +227,8 @@ async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResp
     signals = app[SIGNALS]
     signals.begin(request_id, request.headers)
     try:
-        caller = _authenticate(request)
         retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
-        if retries is not None:
-            caller = dataclasses.replace(caller, client_retry_count=retries)
+        caller = _authenticate(request, retries)
         signals.caller(request_id, caller)
         in_flight = app[IN_FLIGHT]
         in_flight.enter()

@@ -374,9 +374,17 @@ def _attempt_view(
 
 
 def _line(record: _Record) -> dict[str, Any]:
+    """The access-log line: one pass over the attempts' views for every total (each a
+    sum of the known counts, None when none is known: never a guessed zero)."""
     plan, caller = record.plan, record.caller
-    attempts = [a for a in record.attempts if a["attempt"] > 0]
-    last = attempts[-1] if attempts else None
+    attempts: list[dict[str, Any]] = []
+    denied = False
+    for view in record.attempts:
+        number = view["attempt"]
+        if number > 0:
+            attempts.append(view)
+        elif number == 0:
+            denied = True
     line: dict[str, Any] = {
         "event": "request",
         "request_id": record.request_id,
@@ -388,29 +396,38 @@ def _line(record: _Record) -> dict[str, Any]:
         "attempts": len(attempts),
     }
     if plan is not None:
-        denied = any(a["attempt"] == 0 for a in record.attempts)
-        line.update(
-            model=plan.alias,
-            route=last["route"] if last else plan.usable_routes[0].id,
-            stream=plan.stream,
-            emulated=plan.emulated,
-            policy_result="deny" if denied else "allow",
-            policy_reason=record.error_code if denied else plan.decision.policy_reason,
-            exception_id=plan.decision.exception_id,
-            candidates_requested=plan.decision.requested,
-            candidates_effective=plan.decision.effective,
-            candidates_returned=_sum(a["returned"] for a in _answered(attempts)),
-            reserved_tokens=plan.reservation.total_tokens,
-            input_tokens=_sum(a["input_tokens"] for a in attempts),
-            output_tokens=_sum(a["output_tokens"] for a in attempts),
-            cost_micros=_sum(a["cost_micros"] for a in attempts),
-            states=sorted({str(a["state"]) for a in attempts}),
-        )
+        returned = input_tokens = output_tokens = cost = None
+        states = set()
+        for a in attempts:
+            if a["outcome"] in _ANSWERED and (v := a["returned"]) is not None:
+                returned = v if returned is None else returned + v
+            if (v := a["input_tokens"]) is not None:
+                input_tokens = v if input_tokens is None else input_tokens + v
+            if (v := a["output_tokens"]) is not None:
+                output_tokens = v if output_tokens is None else output_tokens + v
+            if (v := a["cost_micros"]) is not None:
+                cost = v if cost is None else cost + v
+            states.add(str(a["state"]))
+        decision = plan.decision
+        line["model"] = plan.alias
+        line["route"] = attempts[-1]["route"] if attempts else plan.usable_routes[0].id
+        line["stream"] = plan.stream
+        line["emulated"] = plan.emulated
+        line["policy_result"] = "deny" if denied else "allow"
+        line["policy_reason"] = record.error_code if denied else decision.policy_reason
+        line["exception_id"] = decision.exception_id
+        line["candidates_requested"] = decision.requested
+        line["candidates_effective"] = decision.effective
+        line["candidates_returned"] = returned
+        line["reserved_tokens"] = plan.reservation.total_tokens
+        line["input_tokens"] = input_tokens
+        line["output_tokens"] = output_tokens
+        line["cost_micros"] = cost
+        line["states"] = sorted(states)
     return line
 
 
-def _answered(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [a for a in attempts if a["outcome"] in ("completed", "stream_cut")]
+_ANSWERED = ("completed", "stream_cut")  # the outcomes that returned candidates
 
 
 def _sum(values: Any) -> int | None:
@@ -492,7 +509,7 @@ def _gen_ai_usage(views: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         total = _sum(v.get(key) for v in views)
         if total is not None:
             out[name] = total
-    answered = [v for v in views if v["outcome"] in ("completed", "stream_cut")]
+    answered = [v for v in views if v["outcome"] in _ANSWERED]
     reasons = [r for v in answered for r in _finish_list(v.get("finish_reasons"))]
     if reasons:
         out["gen_ai.response.finish_reasons"] = reasons

@@ -125,6 +125,8 @@ class Admitter:
         if decision.ceiling_from_request:
             return decision
         ceiling = asked.default_ceiling(request, decision.per_candidate_ceiling)
+        if ceiling == decision.per_candidate_ceiling:
+            return decision  # chat's default is the policy's own: no copy to make
         return replace(decision, per_candidate_ceiling=ceiling)
 
     def _plan(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple, Protocol
 from uuid import uuid4
 
 from ncap.config import Pricing
@@ -103,17 +104,42 @@ def check_actuals(actual_tokens: int, actual_cost_micros: int) -> None:
         raise ValueError("actual usage cannot be negative")
 
 
-def settle_entries(hold: Hold, actual_tokens: int, actual_cost_micros: int) -> list[Entry]:
+class Held(Protocol):
+    """What a hold's counters are: a ``Hold``, or a store's own row of these columns."""
+
+    @property
+    def workload_id(self) -> str: ...
+    @property
+    def exception_id(self) -> str | None: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def cost_micros(self) -> int: ...
+    @property
+    def minute(self) -> str: ...
+
+
+class HeldRow(NamedTuple):
+    """A stored hold's counter columns, read without building the whole ``Hold``."""
+
+    workload_id: str
+    exception_id: str | None
+    tokens: int
+    cost_micros: int
+    minute: str
+
+
+def settle_entries(hold: Held, actual_tokens: int, actual_cost_micros: int) -> list[Entry]:
     """The deltas that replace a hold's reservation by actual usage."""
     return hold_entries(hold, actual_tokens - hold.tokens, actual_cost_micros - hold.cost_micros, 0)
 
 
-def release_entries(hold: Hold) -> list[Entry]:
+def release_entries(hold: Held) -> list[Entry]:
     """The deltas that give a never-dispatched hold back entirely."""
     return hold_entries(hold, -hold.tokens, -hold.cost_micros, -1)
 
 
-def hold_entries(hold: Hold, tokens: int, cost: int, requests: int) -> list[Entry]:
+def hold_entries(hold: Held, tokens: int, cost: int, requests: int) -> list[Entry]:
     """The counters a hold touches, each with the given amount (a delta when settling)."""
     return minute_entries(hold.workload_id, hold.exception_id, hold.minute, tokens, cost, requests)
 

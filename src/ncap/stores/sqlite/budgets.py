@@ -24,9 +24,11 @@ from typing import Any, TypeVar
 
 from ncap.config import utcnow
 from ncap.domain.budget import Buckets, Usage
+from ncap.domain.instants import iso_second
 from ncap.stores._common import (
     Charge,
     Entry,
+    HeldRow,
     Key,
     TwoPhaseBudgets,
     build_usage,
@@ -245,15 +247,20 @@ def _exists(conn: sqlite3.Connection, hold_id: str) -> bool:
     return conn.execute(sql, (hold_id,)).fetchone() is not None
 
 
-def _take(conn: sqlite3.Connection, hold_id: str) -> Hold | None:
-    """Remove a hold and return it (None when it was already settled or released)."""
-    row = conn.execute(
-        f"SELECT {_HOLD_COLUMNS} FROM budget_holds WHERE hold_id = ?", (hold_id,)
-    ).fetchone()
+def _take(conn: sqlite3.Connection, hold_id: str) -> HeldRow | None:
+    """Remove a hold and return its counter columns (None when it was already settled
+    or released): only what its entries need, no ``Hold`` built."""
+    row = conn.execute(_TAKE, (hold_id,)).fetchone()
     if row is None:
         return None
     conn.execute("DELETE FROM budget_holds WHERE hold_id = ?", (hold_id,))
-    return _hold(row)
+    return HeldRow(*row)
+
+
+_TAKE = (
+    "SELECT workload_id, exception_id, tokens, cost_micros, minute FROM budget_holds"
+    " WHERE hold_id = ?"
+)
 
 
 def _row(hold: Hold) -> tuple[Any, ...]:
@@ -267,9 +274,16 @@ def _row(hold: Hold) -> tuple[Any, ...]:
         hold.day,
         hold.month,
         hold.gateway_instance,
-        hold.created_at.astimezone(UTC).isoformat(),
+        _created(hold.created_at),
         hold.state,
     )
+
+
+def _created(value: datetime) -> str:
+    """``value.astimezone(UTC).isoformat()``, its seconds formatted once per second."""
+    utc = value.astimezone(UTC)
+    us = utc.microsecond
+    return f"{iso_second(utc)}.{us:06d}+00:00" if us else f"{iso_second(utc)}+00:00"
 
 
 def _hold(row: tuple[Any, ...]) -> Hold:

@@ -26,6 +26,7 @@ import msgspec
 
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
+from ncap.domain.instants import iso_second
 from ncap.stores._common import (
     apply_import,
     check_update_fields,
@@ -157,7 +158,8 @@ def _ts(value: datetime) -> str:
     """``2026-11-29T10:15:00.000000Z`` (fixed width: text order is time order)."""
     if value.tzinfo is None:
         raise ValueError("ledger timestamps must be timezone-aware")
-    return value.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+    utc = value.astimezone(UTC)
+    return f"{iso_second(utc)}.{utc.microsecond:06d}Z"  # the seconds formatted once each
 
 
 def _encode(name: str, value: Any) -> Any:
