@@ -89,18 +89,20 @@ async def test_cancel_frees_the_sequences_and_the_next_request_starts_at_once(
 
 
 async def test_queued_time_is_not_charged_to_the_attempt() -> None:
-    # 10 s for the attempt once admitted; it waits longer than that behind another request
-    # (one thread: two spin-waiting threads crawl on a machine busy with other work)
+    # 3 s for the attempt once admitted; it waits longer than that behind another request
+    # that holds every sequence (one thread: two spin-waiting threads crawl on a machine
+    # busy with other work), with the cells for all of its 800 tokens (a blocker that ran
+    # out of cells would end early on a fast machine, and let the queued one in)
     p = LocalProvider(
-        LocalRoute(provider="local", n_ctx=1024, max_sequences=4, threads=1, timeout_s=10)
+        LocalRoute(provider="local", n_ctx=4096, max_sequences=4, threads=1, timeout_s=3)
     )
     try:
         engine = await p.engine()
         blocker = GenerationParams(messages=ASK, n=4, max_tokens=800, seed=3, logit_bias=NO_END)
         async with engine.open(blocker) as first:
             await first.started.wait()
-            queued = asyncio.create_task(p.complete({**BODY, "n": 4, "max_tokens": 1}, timeout=10))
-            await asyncio.sleep(12)
+            queued = asyncio.create_task(p.complete({**BODY, "n": 4, "max_tokens": 1}, timeout=3))
+            await asyncio.sleep(4.5)
             assert not queued.done() and engine.stats().queue_depth == 1
             await first.cancel()
             result = await asyncio.wait_for(queued, 60)
