@@ -427,7 +427,7 @@ def measure(target: Target, scenario: str, args: argparse.Namespace) -> dict[str
     ttfb_counts = (
         ((1, args.peer_requests // 2), (16, args.peer_requests))
         if peer
-        else ((1, args.ttfb_requests), (16, 4 * args.ttfb_requests))
+        else ((1, args.ttfb_requests), (16, 2 * args.ttfb_requests))
     )
     run_load(target, n, tokens, 4, args.warmup)
     if target.server is not None and target.name != "direct":
@@ -576,7 +576,12 @@ def result_tables(result: dict[str, Any]) -> list[bl.Table]:
     columns = ["scenario", "target", "CPU µs/chunk", "× bare", "TTFB p50 ms c=1 (added)"]
     columns += ["TTFB p50 ms c=16 (added)", "note"]
     keys = ["scenario", "target", "cpu_us_per_chunk", "x_bare"]
-    out = []
+    out = [_summary(result["rounds"])] if result["rounds"] else []
+    method = (
+        f"The upstream pauses {FIRST_TOKEN_MS:g} ms between its role chunks and its first "
+        "token, then writes every chunk at once; added TTFB is over the upstream's own "
+        "(direct)."
+    )
     for number, rows in enumerate(result["rounds"], 1):
         body = [
             [r.get(k) for k in keys]
@@ -584,13 +589,52 @@ def result_tables(result: dict[str, Any]) -> list[bl.Table]:
                 f"{r.get(f'ttfb_p50_ms_c{c}')} ({r.get(f'added_ttfb_ms_c{c}', '–')})"
                 for c in (1, 16)
             ]
-            + [r.get("error") or r.get("note", "")]
+            + [_note(r)]
             for r in rows
         ]
         skipped = "; ".join(f"{name}: {why}" for name, why in result["skipped"].items())
-        notes = f"Not measured: {skipped}." if skipped else ""
+        notes = method + (f" Not measured: {skipped}." if skipped else "")
         out.append(bl.Table(f"Round {number}", columns, body, notes=notes))
     return out
+
+
+def _note(row: dict[str, Any]) -> str:
+    note = str(row.get("error") or row.get("note", ""))
+    if "evidence_overhead" in row:
+        note += f"; evidence hook {row['evidence_overhead']:+.1%} CPU/chunk"
+    return note
+
+
+def _summary(rounds: list[list[dict[str, Any]]]) -> bl.Table:
+    """Per scenario and target, the range over the rounds of × bare, added TTFB at c=1
+    and (for ``ncap``) the evidence hook's share."""
+    ranges: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for rows in rounds:
+        for r in rows:
+            cell = ranges.setdefault((r["scenario"], r["target"]), {})
+            for key in ("x_bare", "added_ttfb_ms_c1", "evidence_overhead"):
+                if isinstance(r.get(key), int | float):
+                    cell.setdefault(key, []).append(r[key])
+
+    def span(values: list[float] | None, fmt: str) -> str:
+        if not values:
+            return "–"
+        low, high = min(values), max(values)
+        return format(low, fmt) if low == high else f"{low:{fmt}} – {high:{fmt}}"
+
+    body = [
+        [
+            scenario,
+            target,
+            span(cell.get("x_bare"), ".2f"),
+            span(cell.get("added_ttfb_ms_c1"), ".2f"),
+            span(cell.get("evidence_overhead"), "+.1%"),
+        ]
+        for (scenario, target), cell in ranges.items()
+        if target != "direct"
+    ]
+    columns = ["scenario", "target", "CPU/chunk × bare", "added TTFB c=1 ms", "evidence"]
+    return bl.Table(f"Over {len(rounds)} round(s)", columns, body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -623,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--requests", type=int, default=150, help="streams per CPU measurement")
     p.add_argument("--cpu-concurrency", type=int, default=8)
-    p.add_argument("--ttfb-requests", type=int, default=40, help="at c=1 (×4 at c=16)")
+    p.add_argument("--ttfb-requests", type=int, default=100, help="at c=1 (×2 at c=16)")
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--peer-requests", type=int, default=16, help="streams per peer measure")
     # the rounds so far, rewritten after each round so that a run cut short keeps them
