@@ -104,7 +104,8 @@ _SERVE = "from ncap.cli.main import main; main()"
 # the evidence hook as a no-op: the stream is relayed exactly as with it on
 _OFF = (
     "import ncap.lifecycle.evidence as e; "
-    "e.EvidenceFeed.chunk = e.EvidenceFeed.piece = lambda *a, **k: None; "
+    "e.EvidenceFeed.piece = lambda *a, **k: None; "
+    "import ncap.streaming.sse as s; s.EventSplitter.read_candidates = lambda self: None; "
 )
 
 

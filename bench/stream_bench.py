@@ -68,7 +68,8 @@ TARGETS = (
 # the evidence hook as a no-op in the served process only: the stream is relayed as with it
 EVIDENCE_OFF = (
     "import ncap.lifecycle.evidence as e; "
-    "e.EvidenceFeed.chunk = e.EvidenceFeed.piece = lambda *a, **k: None; "
+    "e.EvidenceFeed.piece = lambda *a, **k: None; "
+    "import ncap.streaming.sse as s; s.EventSplitter.read_candidates = lambda self: None; "
 )
 LITELLM_BIN = bl.ROOT / ".venv-litellm" / "bin" / "litellm"
 PORTKEY_DIR = bl.BENCH / "portkey"
@@ -557,6 +558,9 @@ def drive(args: argparse.Namespace) -> int:
             print(f"\n### round {number + 1}\n\n{table(rows)}\n", flush=True)
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+        pair = [started.get("ncap"), started.get("ncap-no-evidence")]
+        if args.evidence_pairs and all(isinstance(t, Target) for t in pair):
+            result["evidence_ab"] = evidence_ab(pair, args)  # type: ignore[arg-type]
     finally:
         for target in started.values():
             if isinstance(target, Target) and target.server is not None:
@@ -571,12 +575,50 @@ def drive(args: argparse.Namespace) -> int:
     return 0
 
 
+def evidence_ab(pair: list[Target], args: argparse.Namespace) -> dict[str, Any]:
+    """The evidence hook's cost, the n4x250 CPU per chunk of ``ncap`` and
+    ``ncap-no-evidence`` measured one after the other ``--evidence-pairs`` times (one
+    pair of single measurements moves by tens of percent: how the upstream's writes
+    fall into reads differs from one measurement to the next); the median of each."""
+    n, tokens = SCENARIOS["n4x250"]
+    cpu: dict[str, list[float]] = {t.name: [] for t in pair}
+    for _ in range(args.evidence_pairs):
+        for target in pair:
+            with bl.measured(target.server.pid) as used:  # type: ignore[union-attr]
+                res = run_load(target, n, tokens, args.cpu_concurrency, args.requests)
+            cpu[target.name].append(round(1e6 * used["cpu_s"] / (res["ok"] * n * tokens), 3))
+    on, off = (statistics.median(cpu[t.name]) for t in pair)
+    out = {
+        "pairs": args.evidence_pairs,
+        "cpu_us_per_chunk": cpu,
+        "overhead": round(on / off - 1, 3),
+    }
+    print(
+        f"  evidence on/off, median of {args.evidence_pairs}: {out['overhead']:+.1%}",
+        file=sys.stderr,
+    )
+    return out
+
+
 def result_tables(result: dict[str, Any]) -> list[bl.Table]:
     """Each round's table (the rows ``table`` prints), then what could not be measured."""
     columns = ["scenario", "target", "CPU µs/chunk", "× bare", "TTFB p50 ms c=1 (added)"]
     columns += ["TTFB p50 ms c=16 (added)", "note"]
     keys = ["scenario", "target", "cpu_us_per_chunk", "x_bare"]
     out = [_summary(result["rounds"])] if result["rounds"] else []
+    ab = result.get("evidence_ab")
+    if ab:
+        cpu = ab["cpu_us_per_chunk"]
+        body = [
+            [name, statistics.median(values), min(values), max(values)]
+            for name, values in cpu.items()
+        ]
+        note = (
+            f"n4x250, {ab['pairs']} measurements of each, one after the other: the evidence "
+            f"costs {ab['overhead']:+.1%} CPU per chunk (medians)."
+        )
+        columns = ["target", "median µs/chunk", "lowest", "highest"]
+        out.append(bl.Table("Candidates' evidence on against off", columns, body, notes=note))
     method = (
         f"The upstream pauses {FIRST_TOKEN_MS:g} ms between its role chunks and its first "
         "token, then writes every chunk at once; added TTFB is over the upstream's own "
@@ -670,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttfb-requests", type=int, default=100, help="at c=1 (×2 at c=16)")
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--peer-requests", type=int, default=16, help="streams per peer measure")
+    p.add_argument("--evidence-pairs", type=int, default=7, help="evidence on/off, interleaved")
     # the rounds so far, rewritten after each round so that a run cut short keeps them
     p.add_argument("--output", default=str(bl.RESULTS / "partial" / "stream.json"))
     p.add_argument("--ncap-src", default=NCAP_SRC[0], help="the ncap sources to serve")

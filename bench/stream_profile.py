@@ -56,8 +56,8 @@ def switch_off(case: str) -> None:
     if case == "no-evidence":
         from ncap.lifecycle.evidence import EvidenceFeed
 
-        EvidenceFeed.chunk = lambda self, data, index=None: None  # type: ignore[method-assign]
-        EvidenceFeed.piece = lambda self, raw: None  # type: ignore[method-assign]
+        EvidenceFeed.piece = lambda self, raw, summaries=(): None  # type: ignore[method-assign]
+        sse.EventSplitter.read_candidates = lambda self: None  # type: ignore[method-assign]
     elif case == "no-gc":
         import gc
 

@@ -13,6 +13,8 @@ import pytest
 import ncap.lifecycle.evidence as feed_module
 from ncap.domain.evidence import Evidence
 from ncap.lifecycle.evidence import EvidenceFeed
+from ncap.protocol.candidates import CandidateSummary
+from ncap.protocol.responses import ResponseSummary
 from ncap.streaming.sse import EventSplitter
 
 TEXTS = [
@@ -155,23 +157,30 @@ def _sse(events: list[bytes], crlf: bool) -> bytes:
     return b"".join(line + end + end for line in lines)
 
 
+@pytest.mark.parametrize("read", ["bytes", "summaries"])
 @pytest.mark.parametrize("crlf", [False, True])
 @pytest.mark.parametrize("hold", [1, 500, 64 * 1024])
 @pytest.mark.parametrize("seed", range(4))
 def test_relayed_pieces_cut_anywhere_agree_with_the_whole_answer(
-    seed: int, hold: int, crlf: bool, monkeypatch: pytest.MonkeyPatch
+    seed: int, hold: int, crlf: bool, read: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The relay's pieces (what ``EventSplitter`` makes of reads cut at random byte
-    offsets: events split across reads, several in one) read in batches."""
+    offsets: events split across reads, several in one), their bytes read in batches,
+    or their summaries read with the candidates' text by the splitter itself."""
     monkeypatch.setattr(feed_module, "HOLD_BYTES", hold)
+    monkeypatch.setattr(feed_module, "_PENDING_PARTS", hold // 100 + 1)
     whole = EvidenceFeed()
     whole.body(_whole(seed))
     body, rng = _sse(_stream(seed), crlf), random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(body)), 60))
     splitter, feed = EventSplitter(), EvidenceFeed()
+    if read == "summaries":
+        splitter.read_candidates()
     for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True):
         piece = splitter.feed(body[a:b])
         if piece is not None:
-            feed.piece(piece.raw)
+            wanted = CandidateSummary if read == "summaries" else ResponseSummary
+            assert all(type(s) is wanted for s in piece.summaries)
+            feed.piece(piece.raw, piece.summaries)
     assert splitter.done and splitter.failure is None
     assert feed.finish() == whole.finish()

@@ -15,11 +15,14 @@ fail a request: an answer whose candidates cannot be read yields no evidence.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
 from ncap.domain.evidence import Candidates, Evidence
-from ncap.protocol.candidates import CandidatesWire, ChoiceWire, MessageWire
+from ncap.protocol.candidates import CandidateSummary, CandidatesWire, ChoiceWire, MessageWire
+from ncap.protocol.responses import ResponseSummary
 from ncap.streaming.sse import event_data
 
 __all__ = ["EvidenceFeed", "evidence_headers"]
@@ -29,22 +32,25 @@ _decode_all = msgspec.json.Decoder(list[CandidatesWire]).decode
 # the stream events kept before they are read together (a bound on the memory a long
 # stream's evidence holds; about 400 chunk events)
 HOLD_BYTES = 64 * 1024
+_PENDING_PARTS = 4096  # text deltas kept before they are hashed (a bound on memory)
 # the hashes' key, one per process (immutable): a digest means nothing outside it, and
 # none is ever stored
 _PROCESS_KEY = os.urandom(32)
 
 
 class EvidenceFeed:
-    """One request's candidates as they pass (``body`` per whole answer, ``chunk``
-    per stream event), then ``finish`` once."""
+    """One request's candidates as they pass (``body`` per whole answer, ``piece``
+    per relayed stream piece), then ``finish`` once."""
 
-    __slots__ = ("_candidates", "_held_bytes", "_pieces", "_unreadable")
+    __slots__ = ("_candidates", "_held_bytes", "_parts", "_pending", "_pieces", "_unreadable")
 
     def __init__(self) -> None:
         self._candidates = Candidates(_PROCESS_KEY)
         self._unreadable = False
         self._pieces: list[bytes] = []  # relayed pieces not read yet
         self._held_bytes = 0
+        self._pending: dict[int, list[str]] = {}  # each candidate's text not hashed yet
+        self._parts = 0
 
     def body(self, body: bytes, first_index: int = 0) -> None:
         """A whole answer's choices; ``first_index`` places them (an emulated fan-out's
@@ -56,10 +62,15 @@ class EvidenceFeed:
             index = first_index + (choice.index if choice.index is not None else position)
             self._choice(index, choice, choice.message)
 
-    def piece(self, raw: bytes) -> None:
-        """One relayed piece (``StreamPiece.raw``: whole events, each ending with its
-        blank line and only there, every data event one JSON object), its choices at
-        their own indexes. Kept, and read with the others of its batch."""
+    def piece(self, raw: bytes, summaries: Sequence[ResponseSummary] = ()) -> None:
+        """One relayed piece (``StreamPiece``: whole events, each ending with its blank
+        line and only there, every data event one JSON object), its choices at their
+        own indexes. When its summaries were read with the candidates' text
+        (``CandidateSummary``: the relay's splitter read them so) they are used as they
+        are; otherwise the bytes are kept, and read with the others of their batch."""
+        if summaries and type(summaries[0]) is CandidateSummary:
+            self._choices(summaries)
+            return
         self._pieces.append(raw)
         self._held_bytes += len(raw)
         if self._held_bytes >= HOLD_BYTES:
@@ -70,12 +81,12 @@ class EvidenceFeed:
         stream's candidates are not all there); the digests are dropped either way."""
         if self._pieces:
             self._read_held()
+        self._hash_pending()
         evidence = self._candidates.finish()
         return evidence if complete and not self._unreadable else None
 
     def _read_held(self) -> None:
-        """The kept events in one decode; each candidate's text deltas of the batch
-        joined and hashed once, other deltas (tool calls, legacy text) one by one."""
+        """The kept events in one decode."""
         datas = _datas(b"".join(self._pieces))
         self._pieces, self._held_bytes = [], 0
         if self._unreadable:
@@ -85,10 +96,18 @@ class EvidenceFeed:
         except msgspec.DecodeError:  # ValidationError included: a shape we cannot compare
             self._unreadable = True
             return
-        candidates = self._candidates
-        texts: dict[int, list[str]] = {}  # each candidate's text deltas, in order
-        for wire in wires:
-            for choice in wire.choices:
+        self._choices(wires)
+
+    def _choices(self, chunks: Sequence[Any]) -> None:
+        """Stream chunks (``CandidatesWire`` or ``CandidateSummary``): text deltas kept
+        per candidate, to be hashed as one string each (``_hash_pending``); any other
+        delta (tool calls, text beside a legacy text) fed at once, after the text
+        before it."""
+        if self._unreadable:
+            return
+        candidates, pending = self._candidates, self._pending
+        for chunk in chunks:
+            for choice in chunk.choices:
                 i = choice.index or 0
                 delta = choice.delta
                 if delta is None or not delta.tool_calls:
@@ -97,17 +116,24 @@ class EvidenceFeed:
                         piece = content or choice.text
                         if not piece:
                             candidates.seen(i)
-                        elif (parts := texts.get(i)) is None:
-                            texts[i] = [piece]
+                        elif (parts := pending.get(i)) is None:
+                            pending[i] = [piece]
                         else:
                             parts.append(piece)
                         continue
-                parts = texts.pop(i, None)  # what came before goes first
+                parts = pending.pop(i, None)  # what came before goes first
                 if parts:
                     candidates.text(i, "".join(parts))
                 self._choice(i, choice, delta)
-        for i, parts in texts.items():
+            self._parts += 1
+        if self._parts >= _PENDING_PARTS:
+            self._hash_pending()
+
+    def _hash_pending(self) -> None:
+        candidates = self._candidates
+        for i, parts in self._pending.items():
             candidates.text(i, parts[0] if len(parts) == 1 else "".join(parts))
+        self._pending, self._parts = {}, 0
 
     def _read(self, data: bytes) -> CandidatesWire | None:
         if self._unreadable:

@@ -66,7 +66,7 @@ def _take(piece: StreamPiece, tally: Tally, client_wants_usage: bool) -> bytes:
         tally.choice_tokens = piece.choice_tokens
     usage_seen = tally.add_all(piece.summaries)
     if tally.evidence is not None:
-        tally.evidence.piece(piece.raw)
+        tally.evidence.piece(piece.raw, piece.summaries)
     if usage_seen and not client_wants_usage:
         return _without_usage(piece.raw)
     return piece.raw

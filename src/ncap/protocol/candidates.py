@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["CandidatesWire", "ChoiceWire"]
+from ncap.protocol.responses import ResponseSummary, SummaryChoice
+
+__all__ = ["CandidateChoice", "CandidateSummary", "CandidatesWire", "ChoiceWire"]
 
 
 class FunctionWire(msgspec.Struct):
@@ -39,3 +41,19 @@ class CandidatesWire(msgspec.Struct):
     """A chat.completion, a chat.completion.chunk or a text_completion, either whole."""
 
     choices: list[ChoiceWire] = []
+
+
+class CandidateChoice(SummaryChoice):
+    """A stream chunk's choice as settlement reads it, with what the candidates'
+    evidence reads of it too."""
+
+    delta: MessageWire | None = None
+    text: str | None = None  # the legacy completions endpoint
+
+
+class CandidateSummary(ResponseSummary):
+    """``ResponseSummary`` and the candidates' text in one decode: what a stream of two
+    or more candidates is read into (``EventSplitter.read_candidates``)."""
+
+    # msgspec copies a mutable default per instance
+    choices: list[CandidateChoice] = []  # type: ignore[assignment]  # noqa: RUF012

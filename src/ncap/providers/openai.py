@@ -102,12 +102,20 @@ class OpenAIProvider:
         data = self._translator.request(body, kind, model=_IN_BODY).data
         async with transport.open(data, timeout=timeout, headers=_attempt_headers()) as resp:
             events = self._translator.stream(_reply(transport, resp.headers), None)
+            if _candidates(body) > 1:  # read for the candidates' evidence too
+                events.read_candidates()
             limit = answer_limit(body, self._max_answer)
             yield events.provider_request_id, _events(resp, events, timeout, limit, transport)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
             await transport.aclose()
+
+
+def _candidates(body: Mapping[str, Any]) -> int:
+    """How many candidates the routed body asks for (``n``; 1 when absent or odd)."""
+    n = body.get("n")
+    return n if isinstance(n, int) else 1
 
 
 def _reply(transport: HttpTransport, headers: Mapping[str, str]) -> Reply:

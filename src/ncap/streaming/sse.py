@@ -16,10 +16,11 @@ extra blank lines, a line still arriving past a piece's end) goes line by line.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 import msgspec
 
+from ncap.protocol.candidates import CandidateSummary
 from ncap.protocol.responses import ResponseSummary
 
 __all__ = [
@@ -40,6 +41,7 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 """An event line longer than this is malformed (a bound on what one upstream event may
 make the gateway buffer; real chunks are a few hundred bytes)."""
 _decode_summary = msgspec.json.Decoder(ResponseSummary).decode
+_decode_candidates = msgspec.json.Decoder(CandidateSummary).decode
 _DecodeError = msgspec.DecodeError
 
 
@@ -70,12 +72,19 @@ class EventSplitter:
     when a malformed event (or an over-long line) stopped the stream: the piece returned
     holds the events before it, and nothing more is parsed."""
 
-    __slots__ = ("_rest", "done", "failure")
+    __slots__ = ("_decode", "_rest", "done", "failure")
 
     def __init__(self) -> None:
         self._rest = b""
         self.done = False
         self.failure: MalformedEvent | None = None
+        self._decode: Callable[[bytes], ResponseSummary] = _decode_summary
+
+    def read_candidates(self) -> None:
+        """Summaries with each choice's text and tool calls as well
+        (``CandidateSummary``): one decode serves settlement and the candidates'
+        evidence of a stream of two or more candidates."""
+        self._decode = _decode_candidates
 
     def feed(self, chunk: bytes) -> StreamPiece | None:
         if (
@@ -88,7 +97,7 @@ class EventSplitter:
             and self.failure is None
         ):  # the most common read of all: one whole chunk event, alone
             try:
-                return StreamPiece(chunk, [_decode_summary(chunk[6:])])
+                return StreamPiece(chunk, [self._decode(chunk[6:])])
             except _DecodeError:
                 pass  # reported event by event below
         if self.done or self.failure is not None:
@@ -116,7 +125,7 @@ class EventSplitter:
         and data that does not decode (a malformed event), goes event by event."""
         done = body == DONE or body.endswith(_DONE_LAST)
         head = body[: -len(DONE)] if done else body
-        summaries = _decoded(head) if head else []
+        summaries = _decoded(head, self._decode) if head else []
         if summaries is not None:
             self.done = done
             return StreamPiece(body, summaries, done)
@@ -169,7 +178,7 @@ class EventSplitter:
                 break
             if data:
                 try:
-                    summaries.append(_decode_summary(data))
+                    summaries.append(self._decode(data))
                 except _DecodeError as exc:
                     self.failure = MalformedEvent(str(exc))
                     break
@@ -182,7 +191,9 @@ class EventSplitter:
 _DONE_LAST = b"\n\n" + DONE
 
 
-def _decoded(body: bytes) -> list[ResponseSummary] | None:
+def _decoded(
+    body: bytes, decode: Callable[[bytes], ResponseSummary]
+) -> list[ResponseSummary] | None:
     """Each event's summary when every event of ``body`` is one ``data:`` line of JSON
     (None otherwise, or when one does not decode: then it is done event by event)."""
     count = body.count(b"\n\n")
@@ -190,9 +201,9 @@ def _decoded(body: bytes) -> list[ResponseSummary] | None:
         return None
     try:
         if count == 1:
-            return [_decode_summary(body[6:])]
+            return [decode(body[6:])]
         if body.count(b"\n\ndata: ") == count - 1:
-            return [_decode_summary(d) for d in body[6:-2].split(b"\n\ndata: ")]
+            return [decode(d) for d in body[6:-2].split(b"\n\ndata: ")]
     except _DecodeError:
         pass
     return None
