@@ -47,11 +47,18 @@ def test_gateway_tables_give_each_target_against_bare() -> None:
     assert ratios.rows == [["16", "ncap_over_litellm=19.0"]]
 
 
-def test_stream_tables_have_one_table_a_round_and_say_what_was_not_measured() -> None:
+def test_stream_tables_have_a_summary_then_one_table_a_round_and_say_what_was_not_measured() -> (
+    None
+):
     row = {"scenario": "n1x500", "target": "ncap", "cpu_us_per_chunk": 7.07, "x_bare": 2.41}
     row |= {"ttfb_p50_ms_c1": 15.0, "added_ttfb_ms_c1": -4.1, "note": "shipped"}
-    result = {"rounds": [[row], [row]], "skipped": {"portkey": "did not start"}}
-    first, second = stream_bench.result_tables(result)
+    other = {**row, "x_bare": 1.9, "added_ttfb_ms_c1": 0.5}
+    ab = {"pairs": 3, "cpu_us_per_chunk": {"ncap": [5.0, 5.2, 4.8], "off": [4.0]}}
+    result = {"rounds": [[row], [other]], "skipped": {"portkey": "did not start"}}
+    result["evidence_ab"] = ab | {"overhead": 0.25}
+    summary, evidence, first, second = stream_bench.result_tables(result)
+    assert summary.rows == [["n1x500", "ncap", "1.90 – 2.41", "-4.10 – 0.50", "–"]]
+    assert evidence.rows[0] == ["ncap", 5.0, 4.8, 5.2] and "+25.0%" in evidence.notes
     assert (first.title, second.title) == ("Round 1", "Round 2")
     assert first.rows[0][:4] == ["n1x500", "ncap", 7.07, 2.41]
     assert first.rows[0][4] == "15.0 (-4.1)"
