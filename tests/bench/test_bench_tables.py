@@ -47,9 +47,7 @@ def test_gateway_tables_give_each_target_against_bare() -> None:
     assert ratios.rows == [["16", "ncap_over_litellm=19.0"]]
 
 
-def test_stream_tables_have_a_summary_then_one_table_a_round_and_say_what_was_not_measured() -> (
-    None
-):
+def test_stream_tables_summary_evidence_then_rounds_with_what_was_not_measured() -> None:
     row = {"scenario": "n1x500", "target": "ncap", "cpu_us_per_chunk": 7.07, "x_bare": 2.41}
     row |= {"ttfb_p50_ms_c1": 15.0, "added_ttfb_ms_c1": -4.1, "note": "shipped"}
     other = {**row, "x_bare": 1.9, "added_ttfb_ms_c1": 0.5}

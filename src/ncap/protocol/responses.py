@@ -164,9 +164,11 @@ class ErrorEnvelope(_Wire):
 
 
 # --- what the gateway reads of an upstream body (lenient: unknown fields ignored) ---
+# Not tracked by the cyclic garbage collector (``gc=False``): decoded JSON and the
+# translators' summaries hold no reference cycle, and a stream makes one per chunk.
 
 
-class _SummaryUsageDetails(msgspec.Struct):
+class _SummaryUsageDetails(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
     cache_write_tokens: int | None = None
@@ -175,7 +177,7 @@ class _SummaryUsageDetails(msgspec.Struct):
 SummaryUsageDetails = _SummaryUsageDetails  # built by the local engine's summaries
 
 
-class SummaryUsage(msgspec.Struct):
+class SummaryUsage(msgspec.Struct, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
@@ -183,12 +185,12 @@ class SummaryUsage(msgspec.Struct):
     completion_tokens_details: _SummaryUsageDetails | None = None
 
 
-class SummaryChoice(msgspec.Struct):
+class SummaryChoice(msgspec.Struct, gc=False):
     index: int | None = None
     finish_reason: str | None = None
 
 
-class ResponseSummary(msgspec.Struct):
+class ResponseSummary(msgspec.Struct, gc=False):
     """Settlement fields of a chat.completion or a chat.completion.chunk."""
 
     id: str | None = None
