@@ -2,14 +2,16 @@
 choices, or a stream's events, fed to one ``Candidates`` per request.
 
 ``EvidenceFeed.piece`` is what a relay calls per write (the native relay per upstream
-read, the fan-out merge per merged write, its branches' choices at their indexes). It
-only keeps the bytes (a reference to what the relay has anyway); the kept events are
-read together once ``HOLD_BYTES`` of them are kept and when the answer ends: one
-decode of only the candidates' text and tool calls (``ncap.protocol.candidates``),
-each candidate's text of the batch hashed as one string. The digests are those of one
-delta at a time (the normalization is the same over any split of the text); what a
-relayed chunk costs is a list append, not a decode and a hash update. Nothing here can
-fail a request: an answer whose candidates cannot be read yields no evidence.
+read, the fan-out merge per merged write, its branches' choices at their indexes). A
+stream of two or more candidates from an OpenAI-compatible upstream is decoded once:
+its splitter reads each event into ``CandidateSummary`` (settlement's summary with the
+candidates' text and tool calls), which the feed takes as it is. Other streams hand
+their bytes (a reference the relay holds anyway), read together once ``HOLD_BYTES`` of
+them are kept and when the answer ends, in one decode of only the candidates' text
+and tool calls (``ncap.protocol.candidates``). Either way each candidate's text deltas
+are kept and hashed as one string (the digests are those of one delta at a time: the
+normalization is the same over any split of the text). Nothing here can fail a
+request: an answer whose candidates cannot be read yields no evidence.
 """
 
 from __future__ import annotations
