@@ -27,6 +27,8 @@ BAD_INVOCATIONS = [
     (["reconcile", "import", "missing.csv"], "cannot read"),
     (["check-config", "missing.yaml"], "cannot read"),
     (["check-config", "broken.yaml"], "not valid YAML"),
+    (["check-config", "mysql.yaml"], "stores.ledger: unsupported store URL scheme 'mysql'"),
+    (["check-config", "pg-budgets.yaml"], "stores.budgets: postgresql:// is not a budgets store"),
     (["keys", "create", "--workload", "ghost"], "unknown workload 'ghost'"),
     (["keys", "revoke", "nobody", "--config", "ncap.yaml"], "no key labelled 'nobody'"),
     (["serve", "--port", "eighty"], "Invalid value for '--port'"),
@@ -46,6 +48,9 @@ def folder(tmp_path: Path) -> Path:
     (tmp_path / "ncap.yaml").write_text(GOOD)
     (tmp_path / "broken.yaml").write_text("server: [unclosed\n")
     (tmp_path / "pg.yaml").write_text("stores: {ledger: 'postgresql://u@h/db'}\n")
+    # the password must not be printed back
+    (tmp_path / "mysql.yaml").write_text("stores: {ledger: 'mysql://u:hunter2@h/db'}\n")
+    (tmp_path / "pg-budgets.yaml").write_text("stores: {budgets: 'postgresql://u@h/db'}\n")
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     (tmp_path / "unwritable.yaml").write_text(f"stores: {{ledger: 'sqlite:///{blocker}/x/l.db'}}\n")
@@ -63,6 +68,7 @@ def test_bad_invocations_exit_2_without_a_traceback(
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr + done.stdout
     assert message in " ".join(done.stderr.split()), done.stderr
+    assert "hunter2" not in done.stderr + done.stdout
     assert "listening" not in done.stderr
 
 

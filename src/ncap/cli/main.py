@@ -189,8 +189,23 @@ def checkload_or_exit(
     contracts already stale, exceptions already expired."""
     path = file or config
     cfg = load_or_exit(path)
+    _check_stores(cfg)
     _warn(cfg, path)
     typer.echo(yaml.safe_dump(resolved(cfg), sort_keys=False))
+
+
+def _check_stores(cfg: Config) -> None:
+    """The store URLs name backends that keep those stores (``serve`` would refuse to
+    start otherwise): every problem printed, exit status 2."""
+    from ncap.errors import ConfigError
+    from ncap.stores import check_store_urls
+
+    try:
+        check_store_urls(cfg.stores.ledger, cfg.stores.budgets)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def _warn(cfg: Config, path: Path | None) -> None:

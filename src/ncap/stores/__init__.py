@@ -83,6 +83,7 @@ __all__ = [
     "Stores",
     "backend_name",
     "budgets_from_url",
+    "check_store_urls",
     "ensure_report_indexes",
     "existing_admin",
     "history_of",
@@ -120,11 +121,25 @@ def _lookup(url: str) -> tuple[str, Backend | None]:
 def _backend(url: str, store: str) -> Backend:
     """The backend of ``url``, which must provide ``store`` (``ledger``, ``budgets``)."""
     scheme, backend = _lookup(url)
-    if backend is None:
-        raise ConfigError(f"stores.{store}: unsupported store URL {url!r}")
+    if backend is None:  # the scheme only: the rest of a URL may hold a password
+        known = ", ".join(sorted({f"{s}://" for s in BACKENDS}))
+        raise ConfigError(f"stores.{store}: unsupported store URL scheme {scheme!r} ({known})")
     if getattr(backend, store) is None:
         raise ConfigError(f"stores.{store}: {scheme}:// is not a {store} store")
     return backend
+
+
+def check_store_urls(ledger_url: str, budgets_url: str) -> None:
+    """Every problem with the two store URLs' schemes (each must name a backend that
+    keeps that store) in one ``ConfigError``; nothing is opened (``ncap check-config``)."""
+    problems: list[str] = []
+    for url, store in ((ledger_url, "ledger"), (budgets_url, "budgets")):
+        try:
+            _backend(url, store)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems[0], problems)
 
 
 def open_ledger_side(url: str, options: StoreOptions) -> LedgerSide:
