@@ -79,6 +79,7 @@ STORES = {
     "Stores",
     "backend_name",
     "budgets_from_url",
+    "check_store_urls",
     "ensure_report_indexes",
     "existing_admin",
     "history_of",
