@@ -18,6 +18,7 @@ prometheus_client's own classes would render them.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -120,8 +121,10 @@ class GaugeValue:
         self.value = float(value)
 
 
-class _Family:
-    """A collector of one family: its label sets' values, in first-use order."""
+class _Family(ABC):
+    """A collector of one family: its label sets' values, in first-use order; a
+    subclass says what one label set's value is (``_new``) and how it is sampled
+    (``_add``)."""
 
     kind = ""
 
@@ -141,8 +144,8 @@ class _Family:
             self._values[()] = self._new()
         registry.register(self)
 
-    def _new(self) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def _new(self) -> Any: ...
 
     def labels(self, *values: object) -> Any:
         if not self.labelnames:
@@ -165,8 +168,8 @@ class _Family:
             self._add(metric, dict(zip(self.labelnames, key, strict=True)), value, created)
         return [metric]
 
-    def _add(self, metric: Metric, labels: dict[str, str], value: Any, created: bool) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _add(self, metric: Metric, labels: dict[str, str], value: Any, created: bool) -> None: ...
 
 
 class PlainCounter(_Family):

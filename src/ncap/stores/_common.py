@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,7 +50,7 @@ def new_hold(
     )
 
 
-class TwoPhaseBudgets:
+class TwoPhaseBudgets(ABC):
     """The ``reserve`` every budget backend shares; a backend supplies ``_reserve``,
     which must run ``Charge.admit`` and store its entries in one critical section."""
 
@@ -70,10 +71,10 @@ class TwoPhaseBudgets:
             Charge(workload_id, exception_id, windows, amounts, buckets, hold_id)
         )
 
+    @abstractmethod
     async def _reserve(self, charge: Charge) -> Hold:
         """The store's own atomic admit-and-hold (memory: under its lock; SQLite: in one
         immediate transaction); each store that builds on this class defines it."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
