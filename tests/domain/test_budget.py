@@ -204,8 +204,8 @@ def test_a_window_ignores_the_counters_of_the_others(
         in_flight=10**9,
     )
     # every counter is huge except the one this window reads, which has room
-    own = {f: getattr(room, f) for f in Usage.__dataclass_fields__ if getattr(over, f)}
-    mixed = Usage(**{f: own.get(f, getattr(huge, f)) for f in Usage.__dataclass_fields__})
+    own = {f: getattr(room, f) for f in Usage.__struct_fields__ if getattr(over, f)}
+    mixed = Usage(**{f: own.get(f, getattr(huge, f)) for f in Usage.__struct_fields__})
     assert _admits(mixed, windows)
 
 
@@ -346,7 +346,7 @@ ALL_WINDOWS = BudgetWindows(
 )  # fmt: skip
 def test_budgets_win_over_rates_over_concurrency(lifted: tuple[str, ...], expected: str) -> None:
     usage = Usage(
-        **{f: 0 if f in lifted else getattr(ALL_FULL, f) for f in Usage.__dataclass_fields__}
+        **{f: 0 if f in lifted else getattr(ALL_FULL, f) for f in Usage.__struct_fields__}
     )
     assert expected in _error(usage, ALL_WINDOWS, "eval-q4").message
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
+from msgspec import structs
 
 from ncap.config import Pricing
 from ncap.domain.events import (
@@ -174,9 +175,9 @@ def test_reconcile_moves_pending_to_reconciled_with_usage_and_cost() -> None:
     [
         (PENDING, replace(ROW, cost_micros=7), None, "reconciled"),
         (PENDING, ROW, None, "unpriced"),
-        (replace(PENDING, state="settled"), ROW, PRICING, "not_pending"),
-        (replace(PENDING, state="denied"), ROW, PRICING, "not_pending"),
-        (replace(PENDING, state="reserved"), ROW, PRICING, "not_pending"),
+        (structs.replace(PENDING, state="settled"), ROW, PRICING, "not_pending"),
+        (structs.replace(PENDING, state="denied"), ROW, PRICING, "not_pending"),
+        (structs.replace(PENDING, state="reserved"), ROW, PRICING, "not_pending"),
     ],
 )
 def test_reconcile_outcomes(

@@ -18,13 +18,14 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from msgspec.structs import replace
 
 from ncap.domain.budget import Usage
 from ncap.domain.events import LedgerEvent

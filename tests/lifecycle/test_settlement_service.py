@@ -212,4 +212,4 @@ async def test_the_ceiling_is_sent_on_a_copy_and_the_plan_carries_no_row(
     routed = for_route(body, rt, frozenset(), stream=False, ceiling={"max_tokens": 16})
     assert routed == {"model": "m", "messages": [], "max_tokens": 16}
     assert body == {"model": "m", "messages": []}  # the client's body is never written
-    assert "first_row" not in Plan.__dataclass_fields__
+    assert "first_row" not in Plan.__struct_fields__

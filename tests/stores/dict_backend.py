@@ -9,9 +9,10 @@ order of its own and no pending updates: every read sorts, every update replaces
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
+
+from msgspec.structs import replace
 
 from ncap.config import Pricing
 from ncap.domain.events import UNSETTLED_STATES, LedgerEvent, ReconciliationRow

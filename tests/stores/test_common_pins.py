@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from msgspec.structs import replace
 
 from ncap.domain.events import LedgerEvent, ReconciliationRow
 from ncap.stores._common import _target, apply_import, is_lost, spent_totals

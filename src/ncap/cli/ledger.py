@@ -14,12 +14,12 @@ import io
 import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from msgspec.structs import asdict
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table

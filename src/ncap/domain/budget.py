@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+
 from ncap.config import ExceptionGrant, Workload
 from ncap.domain.instants import bucket_keys
 from ncap.domain.money import format_usd, micros_from_usd
@@ -70,8 +72,7 @@ class BudgetWindows:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Amounts:
+class Amounts(msgspec.Struct, frozen=True, gc=False):
     """What one attempt holds: tokens (input + output) and micro-USD; one request."""
 
     tokens: int
@@ -82,8 +83,7 @@ class Amounts:
             raise ValueError("reserved amounts cannot be negative")
 
 
-@dataclass(frozen=True, slots=True)
-class Buckets:
+class Buckets(msgspec.Struct, frozen=True, gc=False):
     """The fixed window keys an instant falls in, and when each window rolls over."""
 
     minute: str
@@ -108,8 +108,7 @@ class Buckets:
         return (nxt - self.now).total_seconds()
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True, gc=False):
     """Current counters of one workload (and its engaged exception) in the live buckets."""
 
     tokens_minute: int = 0

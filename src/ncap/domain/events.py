@@ -25,9 +25,12 @@ one row of a provider usage export to a pending event.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
+
+import msgspec
+from msgspec.structs import replace
 
 from ncap.config import Pricing
 from ncap.domain.money import cost_micros
@@ -72,8 +75,7 @@ AttemptOutcome = Literal[
 UNSETTLED_STATES: tuple[EventState, ...] = ("pending", "usage_reconciliation_required")
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerEvent:
+class LedgerEvent(msgspec.Struct, frozen=True, gc=False):
     """One attempt: the ledger's columns in docs/ledger.md's order, then ncap's own
     (``denied_*``, ``upstream_status``, ``client_retry_count``, ``output_tokens_per_choice``,
     the ``candidates_*`` evidence)."""
@@ -100,7 +102,7 @@ class LedgerEvent:
     reserved_output_tokens: int = 0
     reserved_cost_micros: int = 0
     cost_micros: int | None = None
-    finish_reasons: dict[str, int] = field(default_factory=dict)
+    finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)
     stream_mode: bool = False
     usage_source: UsageSource = "none"
     quota_scope: str = "instance"
@@ -135,7 +137,7 @@ class LedgerEvent:
     candidates_tool_calls: int | None = None
 
 
-LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerEvent))
+LEDGER_COLUMNS: tuple[str, ...] = LedgerEvent.__struct_fields__
 
 
 @dataclass(frozen=True, slots=True)

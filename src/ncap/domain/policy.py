@@ -25,9 +25,10 @@ Rules, in the order they are checked (the first failure is the reason):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
+
+import msgspec
 
 from ncap.config import ExceptionGrant, Limits, Workload
 from ncap.errors import (
@@ -43,8 +44,7 @@ __all__ = ["CeilingParam", "Decision", "active_exceptions", "decide"]
 CeilingParam = Literal["max_completion_tokens", "max_tokens"]
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """Everything the lifecycle and the ledger need from the policy step."""
 
     requested: int | None

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -49,8 +48,7 @@ REQUEST_OVERHEAD_TOKENS = 16
 IMAGE_PART_TOKENS = 3_000
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(msgspec.Struct, frozen=True, gc=False):
     """Tokens and micro-USD held against the workload's windows until settlement."""
 
     input_tokens: int

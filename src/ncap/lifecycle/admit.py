@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
+
+from msgspec.structs import replace
 
 import ncap.lifecycle.asked as asked
 from ncap import __version__

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
+import msgspec
+
 from ncap.config import Route
 from ncap.domain.events import LedgerEvent
 from ncap.domain.evidence import Evidence
@@ -33,8 +35,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Caller:
+class Caller(msgspec.Struct, frozen=True, gc=False):
     """Who sent the request (its workload, environment and key), and which of the
     client's own tries it is (``x-stainless-retry-count``: every row records it)."""
 
@@ -69,8 +70,7 @@ class Reply:
     settling: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Sampling:
+class Sampling(msgspec.Struct, frozen=True, gc=False):
     """The request's numeric sampling parameters as sent (None: not sent), which traces
     report; never anything the client wrote as text."""
 
@@ -79,8 +79,7 @@ class Sampling:
     seed: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(msgspec.Struct, frozen=True):
     """One admitted request: what policy decided, what is reserved, which routes it may
     use. Frozen once admitted; what changes per attempt lives on the ``Attempt``."""
 
@@ -161,8 +160,7 @@ class Attempt:
     trace: dict[str, str] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptReport:
+class AttemptReport(msgspec.Struct, frozen=True, gc=False):
     """What an answered attempt said about itself (from its body or its stream)."""
 
     provider_request_id: str | None

@@ -31,9 +31,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from msgspec.structs import replace
 
 from ncap.config import Config, ExceptionGrant
 from ncap.domain.budget import Amounts, BudgetWindows

@@ -17,6 +17,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import msgspec
+
 from ncap.protocol.responses import ResponseSummary, Usage
 from ncap.streaming.sse import StreamPiece
 
@@ -47,8 +49,7 @@ RequestKind = Literal["chat", "completions"]
 ``/completions`` (a ``prompt`` instead of ``messages``, ``best_of``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class UpstreamResult:
+class UpstreamResult(msgspec.Struct, frozen=True, gc=False):
     """A complete (non-streamed) upstream answer: the bytes to relay and what they say."""
 
     status: int

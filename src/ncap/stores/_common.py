@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple, Protocol
 from uuid import uuid4
+
+import msgspec
 
 from ncap.config import Pricing
 from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
@@ -77,8 +78,7 @@ class TwoPhaseBudgets(ABC):
         immediate transaction); each store that builds on this class defines it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
+class Charge(msgspec.Struct, frozen=True, gc=False):
     """One reservation being decided: what is asked, against which windows, when."""
 
     workload_id: str

@@ -37,6 +37,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import msgspec
+
 from ncap.config import ExceptionGrant, KeyEntry, LedgerDurability, Pricing
 from ncap.domain.budget import Amounts, BudgetWindows, Usage
 from ncap.domain.events import LedgerEvent, ReconciliationRow
@@ -75,8 +77,7 @@ class DuplicateAttempt(ValueError):
         self.attempt = attempt
 
 
-@dataclass(frozen=True, slots=True)
-class Hold:
+class Hold(msgspec.Struct, frozen=True, gc=False):
     """One admitted reservation and the window buckets it was charged to."""
 
     hold_id: str

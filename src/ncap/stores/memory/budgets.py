@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
+
+from msgspec.structs import replace
 
 from ncap.config import utcnow
 from ncap.domain.budget import Amounts, Buckets, Usage

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
+
+from msgspec.structs import replace
 
 from ncap.config import Pricing
 from ncap.domain.events import UNSETTLED_STATES, LedgerEvent, ReconciliationRow
