@@ -156,12 +156,13 @@ def _budget_error(
 ) -> RateLimited | None:
     exception_budget = windows.exception_budget_micros if exception_id else None
     checks = (
-        ("exception", f"exception '{exception_id}' budget", exception_budget, usage.cost_exception),
-        ("usd_micros_month", "monthly USD budget", windows.usd_per_month_micros, usage.cost_month),
-        ("usd_micros_day", "daily USD budget", windows.usd_per_day_micros, usage.cost_day),
+        ("exception", exception_budget, usage.cost_exception),
+        ("usd_micros_month", windows.usd_per_month_micros, usage.cost_month),
+        ("usd_micros_day", windows.usd_per_day_micros, usage.cost_day),
     )
-    for window, label, limit, used in checks:
+    for window, limit, used in checks:
         if limit is not None and used + amounts.cost_micros > limit:
+            label = _LABELS.get(window) or f"exception '{exception_id}' budget"
             return _exhausted(
                 f"Workload '{workload_id}': the {label} of {format_usd(limit)} cannot cover "
                 f"this request's reservation of {format_usd(amounts.cost_micros)} "
@@ -179,6 +180,9 @@ def _budget_error(
             Refusal("tokens_day", limit, amounts.tokens),
         )
     return None
+
+
+_LABELS = {"usd_micros_month": "monthly USD budget", "usd_micros_day": "daily USD budget"}
 
 
 def _exhausted(message: str, resets: Buckets | None, refusal: Refusal) -> BudgetExhausted:
@@ -207,18 +211,17 @@ def _rate_error(
             "max_completion_tokens.",
             refusal=Refusal("tokens_minute", tpm, amounts.tokens),
         )
-    wait = buckets.seconds_to_next_minute()
     if tpm is not None and usage.tokens_minute + amounts.tokens > tpm:
         return RateLimitExceeded(
             f"Workload '{workload_id}': the tokens-per-minute limit of {tpm} is reached "
             f"({usage.tokens_minute} used or held, {amounts.tokens} requested).",
-            retry_after=wait,
+            retry_after=buckets.seconds_to_next_minute(),
             refusal=Refusal("tokens_minute", tpm, amounts.tokens),
         )
     if rpm is not None and usage.requests_minute + 1 > rpm:
         return RateLimitExceeded(
             f"Workload '{workload_id}': the requests-per-minute limit of {rpm} is reached.",
-            retry_after=wait,
+            retry_after=buckets.seconds_to_next_minute(),
             refusal=Refusal("requests_minute", rpm, 1),
         )
     return None

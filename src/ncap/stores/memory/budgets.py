@@ -33,11 +33,10 @@ from ncap.config import utcnow
 from ncap.domain.budget import Amounts, Buckets, Usage
 from ncap.domain.events import LedgerEvent
 from ncap.stores._common import (
+    LIFE_BUCKET,
     Charge,
     Entry,
-    Key,
     TwoPhaseBudgets,
-    build_usage,
     check_actuals,
     hold_entries,
     hold_ref,
@@ -45,7 +44,6 @@ from ncap.stores._common import (
     new_hold,
     release_entries,
     settle_entries,
-    usage_keys,
 )
 from ncap.stores.ports import BudgetHistory, Hold, hold_id_for
 
@@ -177,12 +175,21 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             self._active[hold.workload_id] = self._active.get(hold.workload_id, 0) + delta
 
     def _usage(self, workload_id: str, exception_id: str | None, buckets: Buckets) -> Usage:
-        in_flight = self._active.get(workload_id, 0)
-        return build_usage(usage_keys(workload_id, exception_id, buckets), self._read, in_flight)
-
-    def _read(self, key: Key) -> int:
-        bucket, amount = self._counters.get(key[:2], ("", 0))
-        return amount if bucket == key[2] else 0
+        """The live counters (``usage_keys``' windows), read in place: one lookup each,
+        no key map built per admission."""
+        counters, minute, day = self._counters, buckets.minute, buckets.day
+        exception = 0
+        if exception_id is not None:
+            exception = _live(counters.get((exception_id, "cost_exception")), LIFE_BUCKET)
+        return Usage(
+            _live(counters.get((workload_id, "tokens_minute")), minute),
+            _live(counters.get((workload_id, "requests_minute")), minute),
+            _live(counters.get((workload_id, "tokens_day")), day),
+            _live(counters.get((workload_id, "cost_day")), day),
+            _live(counters.get((workload_id, "cost_month")), buckets.month),
+            exception,
+            self._active.get(workload_id, 0),
+        )
 
     def _add(self, entries: list[Entry], *, create: bool) -> None:
         """Add to the live buckets; a new bucket replaces an old one only when ``create``
@@ -203,3 +210,8 @@ class MemoryBudgetStore(TwoPhaseBudgets):
                 self._counters[(subject, window)] = (bucket, current + amount)
             elif bucket > live:
                 self._counters[(subject, window)] = (bucket, amount)
+
+
+def _live(counter: tuple[str, int] | None, bucket: str) -> int:
+    """A counter's amount when it is in ``bucket`` (an older bucket is over: 0)."""
+    return counter[1] if counter is not None and counter[0] == bucket else 0
