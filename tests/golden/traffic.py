@@ -15,13 +15,14 @@ replays the script and compares.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -419,12 +420,22 @@ def _wait(
         time.sleep(0.01)
 
 
-def _row_dict(event: Any) -> dict[str, Any]:
-    row = asdict(event)
-    row["timestamp"] = row["timestamp"].isoformat()
-    if row["output_tokens_per_choice"] is not None:
-        row["output_tokens_per_choice"] = list(row["output_tokens_per_choice"])
-    return row
+def plain(value: Any) -> Any:
+    """A store's value as plain data, whatever type carries it (a dataclass, a
+    ``msgspec.Struct``, a mapping, a tuple): fields by name, instants as ISO text,
+    sequences as lists. The recording pins values, not the classes that hold them."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    struct_fields = getattr(type(value), "__struct_fields__", None)
+    if struct_fields is not None:
+        return {name: plain(getattr(value, name)) for name in struct_fields}
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
 
 
 def _run(tmp: Path, stores: Callable[[Path], dict[str, str]]) -> dict[str, Any]:
@@ -440,7 +451,7 @@ def _run(tmp: Path, stores: Callable[[Path], dict[str, str]]) -> dict[str, Any]:
             if request_id is None:
                 return []
             found = gw.call(app_stores.ledger.get(request_id))
-            return [_row_dict(e) for e in found]
+            return [plain(e) for e in found]
 
         client = stack.enter_context(httpx.Client(timeout=30))
         steps: list[dict[str, Any]] = []
@@ -465,10 +476,10 @@ def _run(tmp: Path, stores: Callable[[Path], dict[str, str]]) -> dict[str, Any]:
                 }
             )
         # every row of the run, in the ledger's own order (rows of no step would show)
-        every = [_row_dict(e) for e in gw.call(_export(app_stores.ledger))]
+        every = [plain(e) for e in gw.call(_export(app_stores.ledger))]
         budgets = app_stores.budgets
-        usage = {w: asdict(gw.call(budgets.usage(w))) for w in WORKLOADS}
-        holds = [asdict(h) for h in gw.call(budgets.outstanding())]
+        usage = {w: plain(gw.call(budgets.usage(w))) for w in WORKLOADS}
+        holds = [plain(h) for h in gw.call(budgets.outstanding())]
         metrics = client.get(gw.url + "/metrics").text
         return {
             "steps": steps,
