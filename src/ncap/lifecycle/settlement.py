@@ -81,6 +81,9 @@ class Settlement:
 
     async def _run_batch(self) -> None:
         batch, self._queued = self._queued or [], None
+        if len(batch) == 1:  # the tick's only answer: no task of its own to wrap it in
+            await self._one(*batch[0])
+            return
         # concurrently: their store writes then share the stores' group commits
         await asyncio.gather(*(self._one(rid, settle) for rid, settle in batch))
 
