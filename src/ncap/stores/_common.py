@@ -27,6 +27,8 @@ Key = tuple[str, str, str]
 
 LIFE_BUCKET = "life"
 IMMUTABLE_COLUMNS = frozenset({"request_id", "attempt"})
+_COLUMN_SET = frozenset(LEDGER_COLUMNS)
+_UPDATABLE = _COLUMN_SET - IMMUTABLE_COLUMNS
 
 
 def new_hold(
@@ -220,11 +222,13 @@ def hold_ref(hold: Hold | str) -> str:
 
 
 def check_update_fields(fields: Mapping[str, object]) -> None:
-    unknown = set(fields) - set(LEDGER_COLUMNS)
+    names = fields.keys()
+    if names <= _UPDATABLE:
+        return
+    unknown = names - _COLUMN_SET
     if unknown:
         raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
-    if IMMUTABLE_COLUMNS & set(fields):
-        raise ValueError("request_id and attempt identify a row and cannot be updated")
+    raise ValueError("request_id and attempt identify a row and cannot be updated")
 
 
 def is_lost(event: LedgerEvent, gateway_instance: str | None, before: datetime | None) -> bool:

@@ -76,7 +76,9 @@ class SQLiteLedgerStore:
         check_update_fields(fields)
         if not fields:
             return
-        encoded = {name: _encode(name, value) for name, value in fields.items()}
+        encoded = dict(fields)
+        for name in _SPECIAL_NAMES & encoded.keys():  # the rest are stored as they are
+            encoded[name] = _encode(name, encoded[name])
         await self._writer.run(
             lambda conn: _update(conn, request_id, attempt, encoded), single_statement=True
         )
@@ -182,6 +184,9 @@ _SPECIAL = tuple(
 )
 
 
+_SPECIAL_NAMES = frozenset(name for _, name in _SPECIAL)
+
+
 def _encode_row(event: LedgerEvent) -> tuple[Any, ...]:
     """The row's values in column order; only three columns need converting."""
     row = list(_COLUMN_VALUES(event))
@@ -269,13 +274,19 @@ def _spent_totals(conn: sqlite3.Connection, since: str) -> list[SpentTotal]:
 def _update(
     conn: sqlite3.Connection, request_id: str, attempt: int, fields: Mapping[str, Any]
 ) -> None:
-    assignments = ", ".join(f"{name} = ?" for name in fields)
-    cur = conn.execute(
-        f"UPDATE ledger_events SET {assignments} WHERE request_id = ? AND attempt = ?",
-        (*fields.values(), request_id, attempt),
-    )
+    names = tuple(fields)
+    sql = _UPDATES.get(names)
+    if sql is None:  # one statement text per set of columns (a handful in practice)
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        sql = f"UPDATE ledger_events SET {assignments} WHERE request_id = ? AND attempt = ?"
+        if len(_UPDATES) < 256:
+            _UPDATES[names] = sql
+    cur = conn.execute(sql, (*fields.values(), request_id, attempt))
     if cur.rowcount == 0:
         raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
+
+
+_UPDATES: dict[tuple[str, ...], str] = {}
 
 
 def _mark_lost(
