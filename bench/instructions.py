@@ -3,7 +3,8 @@ machine does not move.
 
 Wall-clock rates on a shared 2-core machine swing by tens of percent between runs;
 the number of instructions a request costs does not. Each set-up (``bare`` for the
-aiohttp pass-through, or a ``gateway_bench`` ncap target) runs under
+aiohttp pass-through, ``bare-lean`` for the same server with ncap's own upstream
+client, or a ``gateway_bench`` ncap target) runs under
 ``valgrind --tool=callgrind --instr-atstart=no``; after ``--warm`` requests the
 instrumentation is switched on, ``--requests`` requests are measured at
 ``--concurrency`` with bench/loadgen.py, and the total is divided by that count.
@@ -36,14 +37,17 @@ from typing import Any
 import benchlib as bl
 import gateway_bench as gb
 
+# the bare pass-through proxies: the aiohttp server with aiohttp's client, or with
+# ncap's own upstream client (ncap.providers.http1)
+BARE = {"bare": "aiohttp+aiohttp", "bare-lean": "aiohttp+lean"}
 _PROBE = b'{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}'
 
 
 def measure(setup: str, args: argparse.Namespace, upstream_port: int, work: Path) -> dict:
     port = bl.free_port()
-    if setup == "bare":
+    if setup in BARE:
         upstream = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
-        argv = [str(bl.VENV_PY), str(bl.BENCH / "proxies.py"), "aiohttp+aiohttp"]
+        argv = [str(bl.VENV_PY), str(bl.BENCH / "proxies.py"), BARE[setup]]
         argv += ["--port", str(port), "--upstream", upstream]
     else:
         config = work / f"{setup}.yaml"

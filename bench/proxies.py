@@ -21,6 +21,7 @@ from typing import Any, Protocol
 KINDS = (
     "aiohttp+aiohttp",
     "aiohttp+httpx",
+    "aiohttp+lean",
     "uvicorn-asgi+aiohttp",
     "granian-asgi+aiohttp",
     "granian-rsgi+aiohttp",
@@ -56,6 +57,29 @@ class AiohttpForwarder:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class LeanForwarder:
+    """ncap's own pooled HTTP/1.1 client (``ncap.providers.http1``: asyncio.Protocol and
+    httptools), created on first use inside the server's loop."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: Any = None
+
+    async def post(self, body: bytes) -> Reply:
+        from ncap.providers.http1 import HttpClient
+
+        if self._client is None:
+            headers = {"Content-Type": "application/json"}
+            self._client = HttpClient(headers, max_connections=1024, connect_timeout=60)
+        resp = await self._client.post(self.url, body, whole=True, cap=1 << 20)
+        data = await resp.read()
+        return resp.status, data, resp.headers.get("Content-Type", "application/json")
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
 
 
 class HttpxForwarder:
@@ -205,6 +229,8 @@ def main() -> None:
             run_aiohttp(args.port, AiohttpForwarder(args.upstream))
         case "aiohttp+httpx":
             run_aiohttp(args.port, HttpxForwarder(args.upstream))
+        case "aiohttp+lean":
+            run_aiohttp(args.port, LeanForwarder(args.upstream))
         case "uvicorn-asgi+aiohttp":
             run_uvicorn(args.port, AiohttpForwarder(args.upstream))
         case "granian-asgi+aiohttp":

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -19,6 +18,7 @@ from ncap.lifecycle.failures import client_error, may_fall_back, retryable
 from ncap.providers import transport
 from ncap.providers.base import AttemptFailed
 from ncap.providers.gemini import DEFAULT_BASE_URL, GeminiProvider
+from ncap.providers.http1 import HttpClient
 
 Seen = list[tuple[str, dict[str, str], dict[str, Any]]]
 BODY: dict[str, Any] = {
@@ -76,16 +76,15 @@ def test_default_base_url_and_model_path(monkeypatch: pytest.MonkeyPatch) -> Non
 
 async def test_whole_and_streamed_calls_share_one_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """One route, one connection pool: a streamed call after a whole one reuses its
-    kept-alive connection, and one client session is ever opened (was: a transport,
-    a session and a pool per method)."""
-    sessions: list[aiohttp.ClientSession] = []
-    real = aiohttp.ClientSession
+    kept-alive connection, and one client (one pool) is ever opened (was: a transport,
+    a client and a pool per method)."""
+    sessions: list[HttpClient] = []
 
-    def counted(*args: Any, **kwargs: Any) -> aiohttp.ClientSession:
-        sessions.append(real(*args, **kwargs))
+    def counted(*args: Any, **kwargs: Any) -> HttpClient:
+        sessions.append(HttpClient(*args, **kwargs))
         return sessions[-1]
 
-    monkeypatch.setattr(transport.aiohttp, "ClientSession", counted)
+    monkeypatch.setattr(transport, "HttpClient", counted)
     peers: list[tuple[str, int]] = []
     paths: list[str] = []
 

@@ -66,7 +66,7 @@ class _Content:
     _reads: AsyncIterator[bytes] | None = None
 
     async def readany(self) -> bytes:
-        """aiohttp's: the next bytes, ``b""`` at the end."""
+        """``http1.Body``'s: the next bytes, ``b""`` at the end."""
         if self._reads is None:
             self._reads = self.iter_any()
         return await anext(self._reads, b"")
@@ -83,7 +83,7 @@ class _Content:
         if self.cut is not None:
             raise self.cut
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:  # aiohttp's line iteration
+    async def __aiter__(self) -> AsyncIterator[bytes]:  # ``http1.Body``'s line iteration
         buf = b""
         async for read in self.iter_any():
             buf += read

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 import pytest
 
+from ncap.providers.http1 import PayloadError
 from tests.streaming.recorded import (
     Conductor,
     RecordedEngine,
@@ -282,7 +282,7 @@ async def openai_malformed_mid_stream(tmp: Path) -> Any:
 @case
 async def openai_cut_by_upstream(tmp: Path) -> Any:
     text = _sse(_openai_chunks(2)[:7], done=False)
-    cut = aiohttp.ClientPayloadError("Response payload is not completed")
+    cut = PayloadError("the upstream's body was cut")
     h = gateway(tmp, openai_provider(RecordedTransport([(_pieces(text, [333]), cut)])))
     return await play(h, {"messages": MESSAGES, "stream": True, "n": 2})
 

@@ -1,7 +1,7 @@
 """Provider ``openai``: any OpenAI-compatible Chat Completions upstream.
 
 One pooled HTTP transport per route (``ncap.providers.transport``: keep-alive, bounded
-connections, aiohttp's exceptions converted where they enter). The client's own
+connections, the HTTP client's exceptions converted where they enter). The client's own
 ``Authorization`` never reaches the upstream: the route's credential (read from the
 environment variable the route names) is the only one sent. The identity pair's
 translator (``providers.openai_passthrough``, picked by the registry for the route's
@@ -18,11 +18,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
-
 from ncap.config import HttpRoute
 from ncap.providers.base import CLIENT_REQUEST_ID, AttemptFailed, RequestKind, UpstreamResult
 from ncap.providers.credentials import route_headers
+from ncap.providers.http1 import Response
 from ncap.providers.kinds import translator_for
 from ncap.providers.openai_passthrough import OpenAITranslator, PassThroughStream
 from ncap.providers.translate import Reply, random_id
@@ -137,14 +136,14 @@ def _attempt_headers() -> dict[str, str] | None:
 
 
 async def _events(
-    resp: aiohttp.ClientResponse,
+    resp: Response,
     splitter: PassThroughStream,
     timeout: float,
     limit: int,
     transport: HttpTransport,
 ) -> AsyncIterator[StreamPiece]:
     """The body's events, one piece per read as the socket gave it (the splitter finds
-    the events, so a long event line is no aiohttp ``LineTooLong``), at most ``limit``
+    the events, so a long event line is no line-reader's ``LineTooLong``), at most ``limit``
     bytes in all, the route's secrets scrubbed should the upstream echo them; a failure
     carries the request id, which a stream whose first event fails would otherwise
     lose. The loop of ``iter_pieces``, inlined (one generator fewer on every read),

@@ -1,6 +1,8 @@
-"""The upstream HTTP transport every HTTP provider shares: one pooled aiohttp session,
-per-attempt timeouts, and aiohttp's exceptions converted to ``AttemptFailed`` in one
-context manager, ``mapped``, where they enter (``raise … from exc``).
+"""The upstream HTTP transport every HTTP provider shares: one pooled HTTP/1.1 client
+(``ncap.providers.http1``, asyncio.Protocol and httptools: docs/decisions/
+upstream-http-client.md), per-attempt timeouts, and the client's exceptions converted
+to ``AttemptFailed`` in one context manager, ``mapped``, where they enter
+(``raise … from exc``).
 
 A provider gives the URL, its headers and ``failure_of``, which turns a non-200 answer
 into an ``AttemptFailed`` carrying that upstream's own error, normalized. Everything
@@ -8,9 +10,10 @@ about the upstream's wire shapes stays in the provider.
 
 Redirects are never followed: the request carries the route's credential and the
 client's prompt, and a 3xx would re-send both to whatever origin the upstream names
-(aiohttp drops only ``Authorization`` and ``Cookie`` on a cross-origin hop, not an
-``x-goog-api-key`` or a route's own headers). A 3xx is the attempt's failure, whatever
-provider, before its ``failure_of`` reads it (``redirect_refused``).
+(a client that follows them drops at most ``Authorization`` and ``Cookie`` on a
+cross-origin hop, not an ``x-goog-api-key`` or a route's own headers). A 3xx is the
+attempt's failure, whatever provider, before its ``failure_of`` reads it
+(``redirect_refused``).
 
 An upstream's words are untrusted: every failure ``failure_of`` builds is scrubbed of
 the route's own secrets (the credential and header values this transport sends) before
@@ -27,13 +30,21 @@ memory with whatever the upstream sends. An error answer is read up to 64 KiB on
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-import aiohttp
-
 from ncap.providers.base import TRACE_HEADERS, AttemptFailed, UpstreamErrorDetail
+from ncap.providers.http1 import (
+    Body,
+    ConnectError,
+    HttpClient,
+    HttpClientError,
+    LineTooLong,
+    PayloadError,
+    Response,
+)
 from ncap.redact import Redactor
 
 __all__ = [
@@ -95,14 +106,15 @@ async def bounded(chunks: AsyncIterable[bytes], limit: int) -> AsyncIterator[byt
         yield chunk
 
 
-async def _read(resp: aiohttp.ClientResponse, limit: int, *, cut: bool = False) -> bytes:
+async def _read(resp: Response, limit: int, *, cut: bool = False) -> bytes:
     """The body, at most ``limit`` bytes: past it, ``cut`` keeps the first ``limit``
     (an error body, only ever read in part), else the attempt fails."""
     if not cut and resp.content_length is not None and resp.content_length > limit:
         raise oversized(limit)  # said so up front (before decompression): not read at all
     parts: list[bytes] = []
     size = 0
-    async for chunk in resp.content.iter_any():
+    read = resp.content.readany
+    while chunk := await read():
         parts.append(chunk)
         size += len(chunk)
         if size > limit:
@@ -126,9 +138,10 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 class HttpTransport:
-    """POST a JSON body, whole or streamed, over one session (one connection pool of
+    """POST a JSON body, whole or streamed, over one client (one connection pool of
     ``max_connections``) opened lazily: to ``url``, or to another URL of the same
-    upstream (Gemini's whole and streamed methods share the route's pool)."""
+    upstream (Gemini's whole and streamed methods share the route's pool). TLS uses
+    the default context unless ``ssl_context`` is given."""
 
     def __init__(
         self,
@@ -139,6 +152,7 @@ class HttpTransport:
         max_connections: int,
         failure_of: FailureOf,
         request_id_header: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
         self._request_id_header = request_id_header
@@ -149,22 +163,21 @@ class HttpTransport:
         self._redactor = Redactor(
             v for k, v in self._headers.items() if k.lower() != "content-type"
         )
-        self._session: aiohttp.ClientSession | None = None
-        self._whole_timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._ssl = ssl_context
+        self._http: HttpClient | None = None
         self._draining: set[asyncio.Task[None]] = set()
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300)
-            # no cookie jar: an upstream's cookies must never pass from one caller's
-            # request to another's (and filtering them costs every request)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                headers=self._headers,
-                auto_decompress=True,
-                cookie_jar=aiohttp.DummyCookieJar(),
+    def _client(self) -> HttpClient:
+        # no cookies kept: an upstream's cookies never pass from one caller's request
+        # to another's; redirects are answers, never followed
+        if self._http is None or self._http.closed:
+            self._http = HttpClient(
+                self._headers,
+                max_connections=self._limit,
+                connect_timeout=self._connect_timeout,
+                ssl_context=self._ssl,
             )
-        return self._session
+        return self._http
 
     async def post(
         self,
@@ -176,38 +189,37 @@ class HttpTransport:
         headers: Mapping[str, str] | None = None,
     ) -> tuple[bytes, Mapping[str, str]]:
         """The 200 answer's body (at most ``limit`` bytes) and headers; any other status
-        raises ``failure_of``'s."""
-        client_timeout = self._whole_timeouts.get(timeout)
-        if client_timeout is None:  # one per distinct attempt timeout (config values)
-            client_timeout = aiohttp.ClientTimeout(
-                total=timeout, connect=min(self._connect_timeout, timeout)
-            )
-            if len(self._whole_timeouts) < 64:
-                self._whole_timeouts[timeout] = client_timeout
+        raises ``failure_of``'s. ``timeout`` bounds the whole exchange, the connection
+        included (its own timeout is the route's ``connect_timeout_s``)."""
+        limit = limit or ANSWER_BASE_BYTES
         # plain try/except rather than ``mapped()`` twice: the same conversion, without
         # two context-manager objects on every request
         rid = None
+        resp = None
         try:
-            target = url or self.url
-            async with self._client().post(
-                target,
-                data=data,
-                timeout=client_timeout,
-                allow_redirects=False,
-                headers=_with_trace(headers),
-            ) as resp:
+            async with asyncio.timeout(timeout):
+                # ``whole``: handed over once the body arrived (one wake-up, not one per
+                # read), unless it passes ``limit`` first
+                resp = await self._client().post(
+                    url or self.url, data, headers=_with_trace(headers), whole=True, cap=limit
+                )
                 # the head's request id is read before the body: a body cut mid-way
                 # keeps it on its failure, so the held attempt can be reconciled
                 rid = self.request_id(resp.headers)
                 if resp.status == 200:
-                    payload = await _read(resp, limit or ANSWER_BASE_BYTES)
+                    payload = await _read(resp, limit)
                 else:
                     payload = await _read(resp, _MAX_ERROR_BODY, cut=True)
-        except Exception as exc:
+        except BaseException as exc:
+            if resp is not None:
+                resp.close()
+            if not isinstance(exc, Exception):
+                raise
             failure = _failure_from(exc, partial=False, provider_request_id=rid)
             if failure is None or failure is exc:
                 raise
             raise failure from exc
+        resp.release()
         if resp.status != 200:
             raise self._failure(resp, payload)
         return self._redactor.bytes(payload), resp.headers
@@ -220,26 +232,18 @@ class HttpTransport:
         timeout: float,
         url: str | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AsyncIterator[Response]:
         """A 200 response whose body is still to be read; closed on leaving the context
         (client disconnect included), which cancels the upstream request."""
-        # total=None: a long stream is fine; the per-attempt timeout bounds the wait for
-        # the response head and every gap between chunks (sock_read; a provider may
-        # hand the gaps to one ``ReadGapWatch`` per stream instead, as OpenAI's does).
-        client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=min(self._connect_timeout, timeout), sock_read=timeout
-        )
+        # no total bound: a long stream is fine; the per-attempt timeout bounds the wait
+        # for the response head and every wait for the body's next bytes (a provider may
+        # hand the gaps to one ``ReadGapWatch`` per stream instead, as OpenAI's does)
         with mapped():
-            resp = await asyncio.wait_for(
-                self._client().post(
-                    url or self.url,
-                    data=data,
-                    timeout=client_timeout,
-                    allow_redirects=False,
-                    headers=_with_trace(headers),
-                ),
-                timeout,
-            )
+            async with asyncio.timeout(timeout):
+                resp = await self._client().post(
+                    url or self.url, data, headers=_with_trace(headers)
+                )
+        resp.content.read_timeout = timeout
         try:
             if resp.status != 200:
                 with mapped():
@@ -251,7 +255,7 @@ class HttpTransport:
             raise
         self._finish(resp)
 
-    def _finish(self, resp: aiohttp.ClientResponse) -> None:
+    def _finish(self, resp: Response) -> None:
         """A stream its reader left without an error (it read the last event): the
         connection goes back to the pool once the body's own end is read. That end (a
         chunked body's last, empty chunk) often comes in the read after the last
@@ -292,7 +296,7 @@ class HttpTransport:
         failure.provider_request_id = red.request_id(failure.provider_request_id)
         return failure
 
-    def _failure(self, resp: aiohttp.ClientResponse, payload: bytes) -> AttemptFailed:
+    def _failure(self, resp: Response, payload: bytes) -> AttemptFailed:
         if 300 <= resp.status < 400:
             return redirect_refused(resp.status, self.request_id(resp.headers))
         return self.scrub(self._failure_of(resp.status, resp.headers, payload))
@@ -301,11 +305,11 @@ class HttpTransport:
         for task in list(self._draining):
             task.cancel()
         await asyncio.gather(*self._draining, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        if self._http is not None:
+            await self._http.close()
 
 
-async def _drain(resp: aiohttp.ClientResponse) -> None:
+async def _drain(resp: Response) -> None:
     """The rest of a finished stream's body read (at most ``_DRAIN_BYTES``, within
     ``_DRAIN_S``: what follows the last event is the body's end, or a few bytes), then
     the connection released to the pool; closed instead if the end did not come."""
@@ -317,7 +321,7 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
                 if not data:
                     break
                 left -= len(data)
-    except (TimeoutError, aiohttp.ClientError, OSError):
+    except (TimeoutError, HttpClientError, OSError):
         pass
     finally:
         if resp.content.at_eof():
@@ -328,21 +332,20 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
 
 class ReadGapWatch:
     """The per-attempt timeout on every wait for the next read of a streamed body, with
-    one timer per stream: aiohttp's ``sock_read`` timeout re-arms a timer on every
-    socket read (a cancel and a new timer each time, about as much CPU as relaying the
-    read itself), and a streamed answer is hundreds of reads. The reader marks when it
+    one timer per stream: the body's own ``read_timeout`` arms a timer on every wait
+    (a new timer and its cancel each time, about as much CPU as relaying the read
+    itself), and a streamed answer is hundreds of reads. The reader marks when it
     starts waiting (``since``) and clears it when the read arrives; a check every half
     ``timeout_s`` fails a wait that has lasted ``timeout_s`` (caught after one to one and
-    a half times it) the way aiohttp does, with a ``TimeoutError`` on the body, which
-    ``mapped`` turns into the attempt's timeout. Time the reader spends elsewhere (the
+    a half times it) the way the body's own timer does, with a ``TimeoutError`` on the
+    body, which ``mapped`` turns into the attempt's timeout. Time the reader spends elsewhere (the
     client being written to) is not counted: that is not the upstream's gap."""
 
     __slots__ = ("_handle", "_loop", "_resp", "_timeout", "since")
 
-    def __init__(self, resp: aiohttp.ClientResponse, timeout_s: float) -> None:
-        protocol = resp.connection.protocol if resp.connection is not None else None
-        if protocol is not None:
-            protocol.read_timeout = None  # this watch bounds the gaps instead
+    def __init__(self, resp: Response, timeout_s: float) -> None:
+        if isinstance(resp.content, Body):
+            resp.content.read_timeout = None  # this watch bounds the gaps instead
         self._resp = resp
         self._timeout = timeout_s
         self._loop = asyncio.get_running_loop()
@@ -374,7 +377,8 @@ def redirect_refused(status: int, provider_request_id: str | None = None) -> Att
 
 @contextmanager
 def mapped(*, partial: bool = False, provider_request_id: str | None = None) -> Iterator[None]:
-    """aiohttp/asyncio failures → AttemptFailed, where they enter; a request id already
+    """The HTTP client's and asyncio's failures → AttemptFailed, where they enter; a
+    request id already
     known (the response head arrived) goes on every failure raised inside."""
     try:
         yield
@@ -402,17 +406,18 @@ def _failure_from(
 
 def _converted(exc: Exception, partial: bool) -> AttemptFailed | None:
     """The transport's exception as the attempt's failure; None for anything else."""
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, TimeoutError):  # the connect timeout included
         return AttemptFailed("timeout", detail="upstream timed out", partial=partial)
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectError):
         return AttemptFailed("connection", detail="cannot connect", dispatched=False)
-    if isinstance(exc, aiohttp.ClientPayloadError):
+    if isinstance(exc, PayloadError):
         return AttemptFailed("connection", detail="upstream body cut", partial=True)
-    if isinstance(exc, (aiohttp.ClientError, OSError)):
+    if isinstance(exc, LineTooLong):
+        # a line-read body (a translated stream) with a line past the client's bound
+        return AttemptFailed("protocol", 200, detail=str(exc), partial=partial)
+    if isinstance(exc, (HttpClientError, OSError)):
+        # the connection closed before the answer's head, or a head that is not HTTP
         return AttemptFailed("connection", detail=type(exc).__name__, partial=partial)
-    if isinstance(exc, aiohttp.http_exceptions.HttpProcessingError):
-        # a response the HTTP parser rejects mid-body (a line or chunk it cannot read)
-        return AttemptFailed("protocol", 200, detail=type(exc).__name__, partial=partial)
     return None
 
 
