@@ -436,6 +436,8 @@ class Metrics:
 
     def route_answered(self, route: str) -> None:
         """The route answered (a 2xx, or a refusal that shows it is alive)."""
+        if self._route_up.get(route) is True:
+            return  # shown as up since its last answer: the gauge already says 1
         self._route_up[route] = True
         self.child(self.route_up, route).set(1)
 

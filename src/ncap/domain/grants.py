@@ -77,6 +77,8 @@ class Grants:
         return self._now.sessions_ended_at
 
     def exception(self, exception_id: str | None) -> ExceptionGrant | None:
+        if exception_id is None:
+            return None  # no grant has no id (the common request engages none)
         return next((e for e in self._now.exceptions if e.id == exception_id), None)
 
     def key(self, kid: str) -> KeyEntry | None:
