@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -429,19 +429,18 @@ class Accounting:
     async def _settle_answers(self, closings: list[_Closing]) -> None:
         """Every hold first, then each row in order; a failing settlement does not keep
         the others from running (the first failure is raised after them)."""
-        steps = [Steps([c.hold_step, c.row_step]) for c in closings]
         # the holds run at once, even while earlier settlements wait for a store that
         # is down (the deferred queue keeps whole settlements in order): the slots
         # free now; only the rows wait their turn
-        for first in steps:
-            # a failed hold step stays first in its steps: ``_finish`` runs it again
-            # (deferred while its store is down) and a failure is reported there
+        for closing in closings:
+            # a failed hold step is not done: ``_finish`` runs it again (deferred while
+            # its store is down) and a failure is reported there
             with contextlib.suppress(Exception):
-                await first.step()
+                await self._hold_step(closing)
         failure: Exception | None = None
-        for closing, rest in zip(closings, steps, strict=True):
+        for closing in closings:
             try:
-                await self._finish(closing, rest)
+                await self._finish(closing)
             except Exception as exc:
                 failure = failure or exc
         if failure is not None:
@@ -473,9 +472,8 @@ class Accounting:
         *,
         upstream_status: int | None = None,
     ) -> None:
-        closing = self._closing(attempt, report, outcome, upstream_status)
         # the hold first: once the row shows its final state, the budget does too
-        await self._finish(closing, Steps([closing.hold_step, closing.row_step]))
+        await self._finish(self._closing(attempt, report, outcome, upstream_status))
 
     def _closing(
         self,
@@ -492,20 +490,45 @@ class Accounting:
         if upstream_status is not None:
             final["upstream_status"] = upstream_status
         hold = attempt.holds.pop(attempt.number, None)
-        row = attempt.row
+        return _Closing(attempt, final, outcome, keeps, hold)
 
-        async def hold_step() -> None:
-            await self._settle_hold(hold, final, outcome, keeps)
+    async def _hold_step(self, closing: _Closing) -> None:
+        """The closing's hold settled, kept or released (once: then it is done)."""
+        if not closing.hold_done:
+            await self._settle_hold(closing.hold, closing.final, closing.outcome, closing.keeps)
+            closing.hold_done = True
 
-        async def row_step() -> None:
-            await self.ledger.update(row.request_id, row.attempt, **final)
+    async def _row_step(self, closing: _Closing) -> None:
+        row = closing.attempt.row
+        await self.ledger.update(row.request_id, row.attempt, **closing.final)
 
-        return _Closing(attempt, final, outcome, hold_step, row_step)
-
-    async def _finish(self, closing: _Closing, steps: Steps) -> None:
-        await self.settlement.run(steps)
+    async def _finish(self, closing: _Closing) -> None:
+        """Run the closing's store writes on the settlement service (``Settlement.run``:
+        the hold, then the row; kept for later while a store is down), then count and
+        tell the observers. Written out here for the common case, no store waiting:
+        the steps object the deferred queue retries is only built when one is kept."""
+        settlement = self.settlement
+        if settlement.pending:  # behind the settlements already waiting
+            settlement.keep(self._steps(closing), None)
+        else:
+            try:
+                await self._hold_step(closing)
+                await self._row_step(closing)
+            except StoreUnavailable as exc:
+                settlement.keep(self._steps(closing), exc)
         self._observe(closing.attempt, closing.final, closing.outcome)
         self._notify(closing.attempt.plan, closing.attempt, closing.final, closing.outcome)
+
+    def _steps(self, closing: _Closing) -> Steps:
+        """What is left of the closing's writes, as the deferred queue retries them."""
+
+        async def row_step() -> None:
+            await self._row_step(closing)
+
+        async def hold_step() -> None:
+            await self._hold_step(closing)
+
+        return Steps([row_step] if closing.hold_done else [hold_step, row_step])
 
     def _notify(
         self, plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
@@ -556,13 +579,15 @@ class Accounting:
 
 @dataclass(slots=True)
 class _Closing:
-    """A closed attempt's final row and the store steps that record it."""
+    """A closed attempt: its final row, and its hold and what happens to it (``keeps``:
+    held until reconciled) until that is done."""
 
     attempt: Attempt
     final: dict[str, Any]
     outcome: AttemptOutcome
-    hold_step: Callable[[], Awaitable[None]]
-    row_step: Callable[[], Awaitable[None]]
+    keeps: bool
+    hold: Hold | None
+    hold_done: bool = False
 
 
 # an attempt whose reserved row could not be written: refused, nothing held

@@ -69,6 +69,11 @@ class Settlement:
         """Once the store answers again (a write whose outcome is unknown)."""
         self._deferred.later(steps)
 
+    def keep(self, steps: Steps, exc: StoreUnavailable | None) -> None:
+        """What ``run`` does with steps a store refused (``exc``), or with any while
+        others wait (``exc`` None): kept in order, retried until the store is back."""
+        self._deferred._keep(steps, exc)
+
     def beside_answer(self, request_id: str, settle: Coroutine[Any, Any, None]) -> None:
         """Queue a whole answer's settlement: it starts in the next loop iteration, in
         the tick's one batch task, while the answer goes out."""
