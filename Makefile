@@ -74,7 +74,7 @@ bench-stream-instructions: setup
 
 # user-space instructions per request under callgrind: steady on a busy machine
 bench-instructions: setup
-	$(BIN)/python bench/instructions.py --setups bare,ncap-memory,ncap --requests 2000
+	$(BIN)/python bench/instructions.py --setups bare,bare-lean,ncap-memory,ncap,ncap-shared --requests 2000
 
 # what OpenTelemetry costs per request: off (this checkout, and BEFORE_SRC's), OTLP on
 BEFORE_SRC ?=
