@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-gateway bench-stream bench-stream-profile bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence bench-stream-instructions bench-report fuzz soak audit clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-request-levers bench-gateway bench-stream bench-stream-profile bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence bench-stream-instructions bench-report fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -41,7 +41,7 @@ mutation: setup
 
 # every benchmark, then BENCHMARKS.md rendered from their results (bench/results/*.json);
 # a benchmark that fails does not stop the others or the page, but fails the target
-BENCHES = bench-gateway bench-stream bench-stream-profile bench-stream-instructions bench-instructions bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence fuzz
+BENCHES = bench-gateway bench-stream bench-stream-profile bench-stream-instructions bench-instructions bench-request-levers bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence fuzz
 bench:
 	@$(MAKE) -k $(BENCHES); status=$$?; $(MAKE) bench-report && exit $$status
 
@@ -75,6 +75,10 @@ bench-stream-instructions: setup
 # user-space instructions per request under callgrind: steady on a busy machine
 bench-instructions: setup
 	$(BIN)/python bench/instructions.py --setups bare,bare-lean,ncap-memory,ncap,ncap-shared --requests 2000
+
+# the same, with one concern of the request path switched off at a time (by cause)
+bench-request-levers: setup
+	$(BIN)/python bench/request_levers.py --setup ncap-memory
 
 # what OpenTelemetry costs per request: off (this checkout, and BEFORE_SRC's), OTLP on
 BEFORE_SRC ?=

@@ -68,6 +68,13 @@ SECTIONS = [
         "User-space instructions per non-streamed request under callgrind.",
     ),
     Section(
+        "request-levers",
+        "Instructions per request by cause",
+        "bench-request-levers",
+        "The same count with one concern of the request path switched off at a time: what"
+        " each costs.",
+    ),
+    Section(
         "ledger",
         "Ledger under load",
         "bench-ledger",
