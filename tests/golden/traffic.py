@@ -545,11 +545,12 @@ class _Names:
 
 def _headers(headers: list[list[str]], names: _Names, body: bytes) -> list[str]:
     """``Date`` is the clock; so is a budget refusal's ``Retry-After`` (the time left in
-    the window that ran out: the day's or the month's)."""
+    the window that ran out: the day's or the month's). ``Server`` is the HTTP library's
+    name and version, which an upgrade of it changes, not the gateway."""
     window = b'"code":"budget_exhausted"' in body
     out = []
     for key, value in headers:
-        if key == "date" or (window and key in ("retry-after", "retry-after-ms")):
+        if key in ("date", "server") or (window and key in ("retry-after", "retry-after-ms")):
             value = f"<{key}>"
         out.append(f"{key}: {names.text(value)}")
     return out
