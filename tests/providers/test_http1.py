@@ -12,6 +12,7 @@ import ipaddress
 import ssl
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,16 @@ def _client(limit: int = 8, **kwargs: Any) -> HttpClient:
     return HttpClient(headers, max_connections=limit, connect_timeout=2, **kwargs)
 
 
+@asynccontextmanager
+async def _session(limit: int = 8, **kwargs: Any) -> AsyncIterator[HttpClient]:
+    """``_client``, closed at the end of the block."""
+    client = _client(limit, **kwargs)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
 async def _whole(client: HttpClient, url: str, data: bytes = b"{}") -> tuple[int, bytes]:
     resp = await client.post(url, data, whole=True, cap=1 << 20)
     return resp.status, await resp.read()
@@ -99,16 +110,12 @@ async def test_content_length_and_chunked_bodies_are_read_whole_on_one_connectio
             return resp
         return web.Response(body=big)
 
-    async with Server(handler) as server:
-        client = _client()
-        try:
-            for query in ("", "?chunked=1", "", "?chunked=1"):
-                assert await _whole(client, server.url("/x" + query)) == (200, big)
-                resp = await client.post(server.url("/x" + query), b"{}")  # streamed
-                assert await resp.content.read() == big and resp.content.at_eof()
-                resp.release()
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session() as client:
+        for query in ("", "?chunked=1", "", "?chunked=1"):
+            assert await _whole(client, server.url("/x" + query)) == (200, big)
+            resp = await client.post(server.url("/x" + query), b"{}")  # streamed
+            assert await resp.content.read() == big and resp.content.at_eof()
+            resp.release()
     assert len(server.peers) == 8 and len(set(server.peers)) == 1
 
 
@@ -127,19 +134,15 @@ async def test_compressed_bodies_are_decoded(encoding: str) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response(body=sent, headers={"Content-Encoding": header})
 
-    async with Server(handler) as server:
-        client = _client()
-        try:
-            assert await _whole(client, server.url()) == (200, text)
-            resp = await client.post(server.url(), b"{}")
-            reads = []
-            while piece := await resp.content.readany():
-                reads.append(piece)
-            resp.release()
-            # a compressed body is decoded a bounded step at a time
-            assert b"".join(reads) == text and max(map(len, reads)) <= 1 << 18
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session() as client:
+        assert await _whole(client, server.url()) == (200, text)
+        resp = await client.post(server.url(), b"{}")
+        reads = []
+        while piece := await resp.content.readany():
+            reads.append(piece)
+        resp.release()
+        # a compressed body is decoded a bounded step at a time
+        assert b"".join(reads) == text and max(map(len, reads)) <= 1 << 18
     assert ("Accept-Encoding", "gzip, deflate") in server.headers[0]
 
 
@@ -147,27 +150,19 @@ async def test_a_corrupt_compressed_body_is_a_payload_error() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response(body=b"not gzip at all", headers={"Content-Encoding": "gzip"})
 
-    async with Server(handler) as server:
-        client = _client()
-        try:
-            resp = await client.post(server.url(), b"{}")
-            with pytest.raises(PayloadError):
-                await resp.read()
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session() as client:
+        resp = await client.post(server.url(), b"{}")
+        with pytest.raises(PayloadError):
+            await resp.read()
 
 
 async def test_headers_are_case_insensitive_and_the_request_is_what_aiohttp_sent() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response(body=b"{}", headers={"X-Request-ID": "rid-1", "Set-Cookie": "a=b"})
 
-    async with Server(handler) as server:
-        client = _client()
-        try:
-            resp = await client.post(server.url(), b'{"a":1}', headers={"X-Client-Request-Id": "c"})
-            await resp.read()
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session() as client:
+        resp = await client.post(server.url(), b'{"a":1}', headers={"X-Client-Request-Id": "c"})
+        await resp.read()
     for name in ("x-request-id", "X-REQUEST-ID", "X-Request-Id"):
         assert resp.headers.get(name) == "rid-1"
         assert resp.headers[name] == "rid-1"
@@ -189,14 +184,10 @@ async def test_a_request_header_replaces_the_clients_own_of_the_same_name() -> N
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response(body=b"{}")
 
-    async with Server(handler) as server:
-        client = _client()
-        try:
-            await _whole(client, server.url())
-            resp = await client.post(server.url(), b"{}", headers={"authorization": "Bearer 2"})
-            await resp.read()
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session() as client:
+        await _whole(client, server.url())
+        resp = await client.post(server.url(), b"{}", headers={"authorization": "Bearer 2"})
+        await resp.read()
     second = server.headers[1]
     assert [v for k, v in second if k.lower() == "authorization"] == ["Bearer 2"]
     with pytest.raises(ValueError):
@@ -207,12 +198,8 @@ async def test_a_redirect_is_returned_not_followed() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response(status=307, headers={"Location": "http://127.0.0.1:9/elsewhere"})
 
-    async with Server(handler) as server:
-        client = _client()
-        try:
-            assert await _whole(client, server.url()) == (307, b"")
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session() as client:
+        assert await _whole(client, server.url()) == (307, b"")
     assert len(server.peers) == 1
 
 
@@ -220,13 +207,9 @@ async def test_a_connection_close_answer_is_not_reused() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response(body=b"{}", headers={"Connection": "close"})
 
-    async with Server(handler) as server:
-        client = _client()
-        try:
-            for _ in range(3):
-                assert await _whole(client, server.url()) == (200, b"{}")
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session() as client:
+        for _ in range(3):
+            assert await _whole(client, server.url()) == (200, b"{}")
     assert len(set(server.peers)) == 3
 
 
@@ -289,13 +272,9 @@ async def test_a_stale_kept_alive_connection_is_retried_once_on_a_fresh_one() ->
         writer.write(OK)
         return True
 
-    async with RawServer(answer) as server:
-        client = _client()
-        try:
-            assert await _whole(client, server.url, b'{"n":1}') == (200, b"{}")
-            assert await _whole(client, server.url, b'{"n":2}') == (200, b"{}")
-        finally:
-            await client.close()
+    async with RawServer(answer) as server, _session() as client:
+        assert await _whole(client, server.url, b'{"n":1}') == (200, b"{}")
+        assert await _whole(client, server.url, b'{"n":2}') == (200, b"{}")
     assert server.requests == [(1, b'{"n":1}'), (1, b'{"n":2}'), (2, b'{"n":2}')]
 
 
@@ -303,13 +282,9 @@ async def test_a_fresh_connection_closed_before_the_answer_is_not_retried() -> N
     async def answer(conn: int, number: int, writer: asyncio.StreamWriter) -> bool:
         return False
 
-    async with RawServer(answer) as server:
-        client = _client()
-        try:
-            with pytest.raises(ServerDisconnected):
-                await _whole(client, server.url)
-        finally:
-            await client.close()
+    async with RawServer(answer) as server, _session() as client:
+        with pytest.raises(ServerDisconnected):
+            await _whole(client, server.url)
     assert server.requests == [(1, b"{}")]
 
 
@@ -325,14 +300,10 @@ async def test_no_retry_once_a_byte_of_the_answer_arrived() -> None:
         writer.write(OK)
         return True
 
-    async with RawServer(answer) as server:
-        client = _client()
-        try:
+    async with RawServer(answer) as server, _session() as client:
+        await _whole(client, server.url)
+        with pytest.raises(ServerDisconnected):
             await _whole(client, server.url)
-            with pytest.raises(ServerDisconnected):
-                await _whole(client, server.url)
-        finally:
-            await client.close()
     assert server.requests == [(1, b"{}"), (1, b"{}")]
 
 
@@ -342,15 +313,11 @@ async def test_a_body_cut_after_the_head_is_a_payload_error_with_the_head_kept()
         await writer.drain()
         return False
 
-    async with RawServer(answer) as server:
-        client = _client()
-        try:
-            resp = await client.post(server.url, b"{}", whole=True, cap=1 << 20)
-            assert resp.headers.get("x-request-id") == "r9"
-            with pytest.raises(PayloadError):
-                await resp.read()
-        finally:
-            await client.close()
+    async with RawServer(answer) as server, _session() as client:
+        resp = await client.post(server.url, b"{}", whole=True, cap=1 << 20)
+        assert resp.headers.get("x-request-id") == "r9"
+        with pytest.raises(PayloadError):
+            await resp.read()
 
 
 async def test_a_malformed_chunk_is_a_payload_error() -> None:
@@ -360,14 +327,10 @@ async def test_a_malformed_chunk_is_a_payload_error() -> None:
         await asyncio.sleep(0.2)
         return False
 
-    async with RawServer(answer) as server:
-        client = _client()
-        try:
-            resp = await client.post(server.url, b"{}")
-            with pytest.raises(PayloadError):
-                await resp.content.read()
-        finally:
-            await client.close()
+    async with RawServer(answer) as server, _session() as client:
+        resp = await client.post(server.url, b"{}")
+        with pytest.raises(PayloadError):
+            await resp.content.read()
 
 
 async def test_a_body_to_the_connections_close_is_read_whole() -> None:
@@ -377,23 +340,16 @@ async def test_a_body_to_the_connections_close_is_read_whole() -> None:
         writer.write(b"1}")
         return False
 
-    async with RawServer(answer) as server:
-        client = _client()
-        try:
-            assert await _whole(client, server.url) == (200, b'{"a":1}')
-        finally:
-            await client.close()
+    async with RawServer(answer) as server, _session() as client:
+        assert await _whole(client, server.url) == (200, b'{"a":1}')
 
 
 async def test_a_refused_connection_is_a_connect_error() -> None:
     async with RawServer(lambda *a: asyncio.sleep(0, False)) as server:
         url = server.url
-    client = _client()
-    try:
+    async with _session() as client:
         with pytest.raises(ConnectError):
             await _whole(client, url)
-    finally:
-        await client.close()
 
 
 async def test_a_whole_answer_declared_over_the_bound_is_handed_over_at_its_head() -> None:
@@ -403,15 +359,11 @@ async def test_a_whole_answer_declared_over_the_bound_is_handed_over_at_its_head
         await asyncio.sleep(5)
         return False
 
-    async with RawServer(answer) as server:
-        client = _client()
-        try:
-            async with asyncio.timeout(1):
-                resp = await client.post(server.url, b"{}", whole=True, cap=1000)
-            assert resp.content_length == 1_000_000
-            resp.close()
-        finally:
-            await client.close()
+    async with RawServer(answer) as server, _session() as client:
+        async with asyncio.timeout(1):
+            resp = await client.post(server.url, b"{}", whole=True, cap=1000)
+        assert resp.content_length == 1_000_000
+        resp.close()
 
 
 async def test_the_transport_maps_a_refused_connection_as_not_dispatched() -> None:
@@ -441,14 +393,10 @@ async def test_the_pool_limit_holds_under_concurrency() -> None:
         active -= 1
         return web.Response(body=b"{}")
 
-    async with Server(handler) as server:
-        client = _client(limit=3)
-        try:
-            answers = await asyncio.gather(*(_whole(client, server.url()) for _ in range(20)))
-            assert client.pool(server.url()).limit == 3
-            assert len(client.pool(server.url()).open) <= 3
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session(limit=3) as client:
+        answers = await asyncio.gather(*(_whole(client, server.url()) for _ in range(20)))
+        assert client.pool(server.url()).limit == 3
+        assert len(client.pool(server.url()).open) <= 3
     assert answers == [(200, b"{}")] * 20
     assert most == 3 and len(set(server.peers)) == 3
 
@@ -460,19 +408,15 @@ async def test_a_waiter_cancelled_in_the_queue_leaves_the_pool_usable() -> None:
         await release.wait()
         return web.Response(body=b"{}")
 
-    async with Server(handler) as server:
-        client = _client(limit=1)
-        try:
-            first = asyncio.create_task(_whole(client, server.url()))
-            await asyncio.sleep(0.05)
-            queued = asyncio.create_task(_whole(client, server.url()))
-            await asyncio.sleep(0.05)
-            queued.cancel()
-            release.set()
-            assert await first == (200, b"{}")
-            assert await _whole(client, server.url()) == (200, b"{}")
-        finally:
-            await client.close()
+    async with Server(handler) as server, _session(limit=1) as client:
+        first = asyncio.create_task(_whole(client, server.url()))
+        await asyncio.sleep(0.05)
+        queued = asyncio.create_task(_whole(client, server.url()))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        release.set()
+        assert await first == (200, b"{}")
+        assert await _whole(client, server.url()) == (200, b"{}")
     assert len(set(server.peers)) == 1
 
 
@@ -535,31 +479,23 @@ async def test_a_cancelled_stream_closes_its_connection() -> None:
 
 async def test_an_unread_stream_pauses_the_socket_and_resumes_when_read() -> None:
     chunk = b"y" * 65_536
-    async with Server(_streaming(64, 0, chunk)) as server:  # 4 MiB
-        client = _client()
-        try:
-            resp = await client.post(server.url(), b"{}")
-            await asyncio.sleep(0.3)  # the reader is away: the client stops reading
-            conn = resp._conn
-            assert conn is not None and conn._reading_paused
-            assert resp.content._size < 1 << 20
-            data = await resp.content.read()
-            resp.release()
-        finally:
-            await client.close()
+    async with Server(_streaming(64, 0, chunk)) as server, _session() as client:  # 4 MiB
+        resp = await client.post(server.url(), b"{}")
+        await asyncio.sleep(0.3)  # the reader is away: the client stops reading
+        conn = resp._conn
+        assert conn is not None and conn._reading_paused
+        assert resp.content._size < 1 << 20
+        data = await resp.content.read()
+        resp.release()
     assert data == chunk * 64
 
 
 async def test_a_trickling_body_times_out_on_the_gap_not_the_total() -> None:
-    async with Server(_streaming(6, 0.1)) as server:
-        client = _client()
-        try:
-            resp = await client.post(server.url(), b"{}")
-            resp.content.read_timeout = 0.5  # each gap 0.1 s, the whole 0.6 s: fine
-            assert (await resp.content.read()).count(b"data: x") == 6
-            resp.release()
-        finally:
-            await client.close()
+    async with Server(_streaming(6, 0.1)) as server, _session() as client:
+        resp = await client.post(server.url(), b"{}")
+        resp.content.read_timeout = 0.5  # each gap 0.1 s, the whole 0.6 s: fine
+        assert (await resp.content.read()).count(b"data: x") == 6
+        resp.release()
 
     async with Server(_streaming(3, 1.0)) as server:
         transport = _transport(server.url())
@@ -600,26 +536,19 @@ async def test_the_gap_watch_replaces_the_bodys_own_timer() -> None:
 
 async def test_lines_are_split_across_reads_and_a_line_past_the_bound_fails() -> None:
     text = b"data: a\n\ndata: " + b"b" * 5000 + b"\n\ndata: c"
-    async with Server(_streaming(1, 0, text)) as server:
-        client = _client()
-        try:
-            resp = await client.post(server.url(), b"{}")
-            lines = [line async for line in resp.content]
-            resp.release()
-        finally:
-            await client.close()
+    async with Server(_streaming(1, 0, text)) as server, _session() as client:
+        resp = await client.post(server.url(), b"{}")
+        lines = [line async for line in resp.content]
+        resp.release()
     assert b"".join(lines) == text and lines[0] == b"data: a\n" and lines[-1] == b"data: c"
 
-    async with Server(_streaming(1, 0, b"data: " + b"z" * 200_000)) as server:
-        client = _client()
-        try:
-            resp = await client.post(server.url(), b"{}")
-            with pytest.raises(LineTooLong):
-                async for _ in resp.content:
-                    pass
-            resp.close()
-        finally:
-            await client.close()
+    long_line = b"data: " + b"z" * 200_000
+    async with Server(_streaming(1, 0, long_line)) as server, _session() as client:
+        resp = await client.post(server.url(), b"{}")
+        with pytest.raises(LineTooLong):
+            async for _ in resp.content:
+                pass
+        resp.close()
 
 
 # --- TLS ---
@@ -675,12 +604,9 @@ async def test_https_with_the_servers_certificate_trusted(
 ) -> None:
     server, cert = tls_server
     trusted = ssl.create_default_context(cafile=str(cert))
-    client = _client(ssl_context=trusted)
-    try:
+    async with _session(ssl_context=trusted) as client:
         for _ in range(2):
             assert await _whole(client, server.url(scheme="https")) == (200, b'{"secure": true}')
-    finally:
-        await client.close()
     assert len(set(server.peers)) == 1  # kept alive over TLS too
 
 
