@@ -144,11 +144,7 @@ class Body:
     def feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._size += len(data)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        self._wake()
         conn = self._conn
         if self._size > _HIGH_WATER and not self._paused and conn is not None and conn.streaming:
             self._paused = True
@@ -161,11 +157,7 @@ class Body:
     def set_exception(self, exc: BaseException) -> None:
         """The next read (or the one waiting) raises ``exc``."""
         self._exc = exc
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_exception(exc)
+        self._wake()  # a waiting read finds it first thing
 
     def _wake(self) -> None:
         waiter = self._waiter
