@@ -43,6 +43,7 @@ from ncap.stores._common import (
     minute_entries,
     new_hold,
     release_entries,
+    settle_entries,
 )
 from ncap.stores.ports import BudgetHistory, Hold, hold_id_for
 
@@ -76,22 +77,20 @@ class MemoryBudgetStore(TwoPhaseBudgets):
         with self._lock:
             usage = self._usage(charge.workload_id, charge.exception_id, charge.buckets)
             exists = charge.hold_id is not None and charge.hold_id in self._holds
-            hold = charge.admitted(usage, exists, self._instance)
-            self._move(hold, hold.tokens, hold.cost_micros, 1, create=True)
+            hold, entries = charge.admit(usage, exists, self._instance)
+            self._add(entries, create=True)
             self._holds[hold.hold_id] = hold
-            if hold.state == "active":
-                self._active[hold.workload_id] = self._active.get(hold.workload_id, 0) + 1
+            self._count(hold, +1)
         return hold
 
     async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
         check_actuals(actual_tokens, actual_cost_micros)
         with self._lock:
-            held = self._holds.pop(hold if isinstance(hold, str) else hold.hold_id, None)
+            held = self._holds.pop(hold_ref(hold), None)
             if held is None:
                 return False
             self._count(held, -1)
-            tokens, cost = actual_tokens - held.tokens, actual_cost_micros - held.cost_micros
-            self._move(held, tokens, cost, 0, create=False)
+            self._add(settle_entries(held, actual_tokens, actual_cost_micros), create=False)
         return True
 
     async def keep(self, hold: Hold | str) -> bool:
@@ -191,27 +190,6 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             exception,
             self._active.get(workload_id, 0),
         )
-
-    def _move(self, hold: Hold, tokens: int, cost: int, requests: int, *, create: bool) -> None:
-        """``_add`` of ``hold_entries(hold, tokens, cost, requests)``, without the list:
-        the same counters, each moved in place."""
-        counters, w, minute = self._counters, hold.workload_id, hold.minute
-        day, month = minute[:10], minute[:7]
-        for key, bucket, amount in (
-            ((w, "tokens_minute"), minute, tokens),
-            ((w, "requests_minute"), minute, requests),
-            ((w, "tokens_day"), day, tokens),
-            ((w, "cost_day"), day, cost),
-            ((w, "cost_month"), month, cost),
-        ):
-            live = counters.get(key)
-            if live is None or live[0] != bucket:
-                if create or live is None:
-                    counters[key] = (bucket, amount)
-            else:
-                counters[key] = (bucket, live[1] + amount)
-        if hold.exception_id is not None:
-            self._add([(hold.exception_id, "cost_exception", LIFE_BUCKET, cost)], create=create)
 
     def _add(self, entries: list[Entry], *, create: bool) -> None:
         """Add to the live buckets; a new bucket replaces an old one only when ``create``
