@@ -146,21 +146,26 @@ def _fmt(row: dict[str, float]) -> str:
 def _warm(target: gb.Target, args: argparse.Namespace) -> None:
     """Load for ``--warmup-s`` seconds (a count of requests would pass in a burst the
     admission ramp refuses in part, leaving the gateway below its rate)."""
-    argv = [*bl.pin_prefix(args.pin_loadgen), str(bl.VENV_PY), str(bl.BENCH / "loadgen.py")]
-    argv += [target.url, "-c", str(args.concurrency), "--duration", str(args.warmup_s)]
-    argv += ["--warmup", "0", "--api-key", target.api_key, "--model", "fake-model", "--json"]
+    argv = _loadgen(target, args, "--duration", str(args.warmup_s))
     subprocess.run(argv, capture_output=True, timeout=600, check=False)
 
 
 def _load(target: gb.Target, args: argparse.Namespace, requests: int) -> dict[str, Any]:
-    argv = [*bl.pin_prefix(args.pin_loadgen), str(bl.VENV_PY), str(bl.BENCH / "loadgen.py")]
-    argv += [target.url, "-c", str(args.concurrency), "--requests", str(requests)]
-    argv += ["--warmup", "0", "--api-key", target.api_key, "--model", "fake-model", "--json"]
+    argv = _loadgen(target, args, "--requests", str(requests))
     out = subprocess.run(argv, capture_output=True, timeout=600)
     if out.returncode not in (0, 1) or not out.stdout:
         raise RuntimeError(f"loadgen failed: {out.stderr.decode(errors='replace')[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout)
     return result
+
+
+def _loadgen(target: gb.Target, args: argparse.Namespace, *how_long: str) -> list[str]:
+    """bench/loadgen.py against ``target`` at ``-c``, for ``how_long`` (a duration or a
+    count of requests), one JSON result."""
+    argv = [*bl.pin_prefix(args.pin_loadgen), str(bl.VENV_PY), str(bl.BENCH / "loadgen.py")]
+    argv += [target.url, "-c", str(args.concurrency), *how_long]
+    argv += ["--warmup", "0", "--api-key", target.api_key, "--model", "fake-model", "--json"]
+    return argv
 
 
 def _sample(target: gb.Target, client: Any, database: str | None) -> dict[str, float]:
