@@ -485,35 +485,18 @@ def create_app(
         handler_args=protocol_handler_args() | handler_limits(config.limits),
     )
     instance = instance_id or config.server.instance_id or f"{os.uname().nodename}-{os.getpid()}"
-    metrics_ = Metrics()
+    metrics_ = app[METRICS] = Metrics()
     stores = app[STORES] = stores or _open_stores(config, instance)
-    ledger = ObservedLedger(stores.ledger, metrics_)
-    budgets = stores.budgets
     grants = app[GRANTS] = Grants.from_config(config)
-    admin_store = app[ADMIN_STORE] = stores.admin
+    app[ADMIN_STORE] = stores.admin
     app[GRANTS_SYNC] = _grants_sync(config, stores, grants)
-    webhook = app[WEBHOOK] = Webhook(config.alerts, metrics_)
-    alerter = app[ALERTER] = BudgetAlerter(
-        config, grants, budgets, admin_store, metrics=metrics_, webhook=webhook
-    )
-    duplicates = app[CANDIDATE_WATCH] = CandidateWatch(config, admin_store, webhook)
     signals = app[SIGNALS] = _request_signals(config, tracer_provider, meter_provider)
-    settlement = app[SETTLEMENT] = Settlement(metrics_, on_request_settled=signals.settled)
-    accounting = Accounting(
-        config,
-        ledger,
-        budgets,
-        instance=instance,
-        metrics=metrics_,
-        grants=grants,
-        observers=[o for o in (signals, alerter, duplicates) if o.enabled],
-        start_observers=[signals] if signals.telemetry is not None else [],
-        settlement=settlement,
-    )
+    accounting = app[ACCOUNTING] = _books(app, config, stores, instance, signals)
+    ledger, budgets = accounting.ledger, accounting.budgets
     app[GAUGES] = StoreGauges(
         config, ledger, budgets, metrics_, max_age_s=config.server.metrics_cache_s, grants=grants
     )
-    peers = PeerWatch(
+    app[PEERS] = PeerWatch(
         stores.instances,
         ledger,
         budgets,
@@ -524,19 +507,42 @@ def create_app(
     )
     routes = _route_runtimes(config, metrics_)
     app[CONFIG] = config
-    app[ACCOUNTING] = accounting
-    app[PEERS] = peers
-    app[METRICS] = metrics_
     app[IN_FLIGHT] = InFlightLimit(config.server.max_in_flight, config.server.ramp)
     app[GATEWAY] = Gateway(config, routes, accounting, idempotency=stores.idempotency)
     app[REQUEST_IDS] = RequestIds()
     operations_key = operations_key_from_env(config)
     if operations_key is not None:
         app[OPERATIONS_KEY] = operations_key
-    _add_routes(app, config, stores, _sessions(admin_store, app[GRANTS_SYNC], grants))
+    _add_routes(app, config, stores, _sessions(stores.admin, app[GRANTS_SYNC], grants))
 
     app.cleanup_ctx.append(_lifecycle)
     return app
+
+
+def _books(
+    app: web.Application, config: Config, stores: Stores, instance: str, signals: RequestSignals
+) -> Accounting:
+    """The ledger (observed for the cost metrics) and the budgets, with what watches each
+    closed attempt: the request's record, the budget alerts and the candidates' watch
+    (the latter two kept on the app for the admin API and start-up)."""
+    metrics_, grants, admin_store = app[METRICS], app[GRANTS], app[ADMIN_STORE]
+    webhook = app[WEBHOOK] = Webhook(config.alerts, metrics_)
+    alerter = app[ALERTER] = BudgetAlerter(
+        config, grants, stores.budgets, admin_store, metrics=metrics_, webhook=webhook
+    )
+    duplicates = app[CANDIDATE_WATCH] = CandidateWatch(config, admin_store, webhook)
+    settlement = app[SETTLEMENT] = Settlement(metrics_, on_request_settled=signals.settled)
+    return Accounting(
+        config,
+        ObservedLedger(stores.ledger, metrics_),
+        stores.budgets,
+        instance=instance,
+        metrics=metrics_,
+        grants=grants,
+        observers=[o for o in (signals, alerter, duplicates) if o.enabled],
+        start_observers=[signals] if signals.telemetry is not None else [],
+        settlement=settlement,
+    )
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
