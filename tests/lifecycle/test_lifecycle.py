@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from ncap.lifecycle.admit import Admitter
 from ncap.protocol.validate import parse_chat_request
 from ncap.providers.base import AttemptFailed, UpstreamErrorDetail
 from ncap.stores import MemoryLedgerStore
+from ncap.stores.ports import RowUpdate, update_each
 from ncap.testing.scripted import Answer, Fail, ScriptedProvider, Stream, chat_body, chunk, sse
 from tests.lifecycle.harness import CALLER, EMULATE, drain, events, harness, route, settled
 
@@ -172,6 +174,9 @@ class FailingLedger(MemoryLedgerStore):
         if self.on == "update":
             raise OSError("disk full")
         await super().update(request_id, attempt, **fields)
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        await update_each(self, updates)
 
 
 async def test_a_failed_reserved_row_write_is_raised_and_releases_the_hold(tmp_path: Path) -> None:

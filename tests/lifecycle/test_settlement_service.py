@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ncap.metrics import Metrics
 from ncap.protocol.responses import SummaryUsage
 from ncap.protocol.validate import parse_chat_request
 from ncap.stores import MemoryLedgerStore
+from ncap.stores.ports import RowUpdate, update_each
 from ncap.testing.scripted import Answer, ScriptedProvider, chat_body
 from tests.lifecycle.harness import CALLER, EMULATE, Harness, harness, route, settled
 
@@ -72,9 +74,8 @@ async def test_answers_of_one_tick_share_one_batch_and_each_ends_its_record(
         await settlement.drain()
     finally:
         loop.set_task_factory(None)
-    # one batch task for the tick; its gather runs each request's settlement concurrently
-    assert created.count("Settlement._run_batch") == 1
-    assert created.count("Settlement._one") == 3
+    # one batch task for the tick, settling the three together: no task per request
+    assert created == ["Settlement._run_batch"]
     await settlement.drain()
     assert sorted(ended) == ["req-0", "req-1", "req-2"]
     for i in range(3):
@@ -101,6 +102,9 @@ class LedgerDown(MemoryLedgerStore):
 
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         raise StoreUnavailable("ledger", "PostgreSQL", "ConnectionError")
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        await update_each(self, updates)
 
 
 async def test_a_hold_is_settled_at_once_while_rows_wait_for_the_ledger(tmp_path: Path) -> None:
@@ -151,6 +155,41 @@ async def test_stop_runs_every_queued_settlement_before_returning(tmp_path: Path
     assert await h.outstanding() == []
 
 
+class OneRowFails(MemoryLedgerStore):
+    """Every row's final state is written but one request's (a bug's error, not an
+    outage)."""
+
+    async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
+        if request_id == "req-1":
+            raise OSError("disk full")
+        await super().update(request_id, attempt, **fields)
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        await update_each(self, updates)
+
+
+async def test_a_row_that_fails_in_a_tick_fails_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tick's rows go to the ledger in one call; when it fails for a reason other
+    than an outage, each request is settled again on its own: the others are settled,
+    the failing one is counted once, and every record ends."""
+    h = harness(tmp_path, {"a": (route(), ScriptedProvider([]))}, ledger=OneRowFails())
+    ended: list[str] = []
+    settlement = Settlement(h.metrics, on_request_settled=ended.append)
+    gw = _with_settlement(h, settlement)
+    for i in range(3):
+        gw.accounting.answered_beside([await _attempt(gw, f"req-{i}")])
+    with caplog.at_level(logging.ERROR, logger="ncap.lifecycle"):
+        await settlement.drain()
+    assert sorted(ended) == ["req-0", "req-1", "req-2"]
+    states = [[r.state for r in await h.rows(f"req-{i}")] for i in range(3)]
+    assert states == [["settled"], ["reserved"], ["settled"]]
+    assert await h.outstanding() == []  # every hold settled, the failing row's too
+    assert [r.getMessage() for r in caplog.records] == ["settlement failed: OSError"]
+    assert h.metrics.registry.get_sample_value("ncap_bookkeeping_failures_total") == 1
+
+
 async def test_a_failed_settlement_still_ends_the_record_and_is_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -158,10 +197,11 @@ async def test_a_failed_settlement_still_ends_the_record_and_is_counted(
     ended: list[str] = []
     settlement = Settlement(metrics, on_request_settled=ended.append)
 
-    async def broken() -> None:
+    async def broken(batch: list[tuple[str, Any]]) -> None:
         raise KeyError("a row's secret content")
 
-    settlement.beside_answer("req-1", broken())
+    settlement.settles_with(broken)
+    settlement.beside_answer("req-1", [])
     with caplog.at_level(logging.ERROR, logger="ncap.lifecycle"):
         await settlement.drain()
     assert ended == ["req-1"]

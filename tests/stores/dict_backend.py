@@ -8,7 +8,7 @@ order of its own and no pending updates: every read sorts, every update replaces
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +26,9 @@ from ncap.stores.ports import (
     DuplicateAttempt,
     ImportResult,
     LedgerSide,
+    RowUpdate,
     StoreOptions,
+    update_each,
 )
 
 
@@ -54,6 +56,9 @@ class DictLedgerStore:
         if key not in self.rows:
             raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
         self.rows[key] = replace(self.rows[key], **fields)
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        await update_each(self, updates)
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
         return sorted(

@@ -195,6 +195,21 @@ async def test_settle_replaces_the_reservation_with_actuals(budgets: BudgetStore
     assert (await usage(budgets)).tokens_day == 600
 
 
+async def test_settle_many_settles_each_as_settle_would(budgets: BudgetStore) -> None:
+    first, second, third = [await reserve(budgets) for _ in range(3)]
+    await budgets.settle_many([(first, 600, 4_000), (second, 100, 1_000)])
+    assert await usage(budgets) == Usage(1_700, 3, 1_700, 15_000, 15_000, 15_000, 1)
+    assert await budgets.outstanding() == [third]
+    # applied again (a batch retried hold by hold): a settled hold is not settled twice
+    await budgets.settle_many([(first, 600, 4_000), (third, 1, 1)])
+    assert await usage(budgets) == Usage(701, 3, 701, 5_001, 5_001, 5_001, 0)
+    assert await budgets.outstanding() == []
+    await budgets.settle_many([(third, 5, 5)])  # alone: the same
+    assert (await usage(budgets)).tokens_day == 701
+    with pytest.raises(ValueError):
+        await budgets.settle_many([(await reserve(budgets), -1, 0)])
+
+
 async def test_settle_may_exceed_the_reservation_when_the_provider_says_so(
     budgets: BudgetStore,
 ) -> None:

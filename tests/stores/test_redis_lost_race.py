@@ -7,6 +7,7 @@ ledger again. Real Redis; the ledger in memory, slowed where the race needs it."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from ncap.errors import StoreUnavailable
 from ncap.stores import MemoryLedgerStore, RedisBudgetStore
+from ncap.stores.ports import RowUpdate, update_each
 from ncap.testing.scripted import ScriptedProvider
 from tests.lifecycle.harness import harness, route
 from tests.services import redis_prefix
@@ -31,6 +33,9 @@ class SlowCloseLedger(MemoryLedgerStore):
     async def update(self, *args: Any, **kwargs: Any) -> None:
         await asyncio.wait_for(self.read.wait(), timeout=5)
         await super().update(*args, **kwargs)
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        await update_each(self, updates)
 
     def held_rows(self, *args: Any, **kwargs: Any) -> Any:
         self.read.set()

@@ -137,6 +137,37 @@ async def test_update(ledger: LedgerStore) -> None:
         await ledger.update("req-1", 0, request_id="other")
 
 
+async def test_update_many_writes_each_row_as_update_would(ledger: LedgerStore) -> None:
+    for request_id in ("req-1", "req-2", "req-3"):
+        await ledger.append(event(request_id))
+    later = T0 + timedelta(seconds=1)
+    await ledger.update_many(
+        [
+            ("req-1", 0, {"state": "settled", "input_tokens": 90, "finish_reasons": {"stop": 4}}),
+            ("req-2", 0, {"state": "pending", "timestamp": later}),
+            ("req-3", 0, {}),
+        ]
+    )
+    one, two, three = [(await ledger.get(r))[0] for r in ("req-1", "req-2", "req-3")]
+    assert (one.state, one.input_tokens, one.finish_reasons) == ("settled", 90, {"stop": 4})
+    assert (two.state, two.timestamp, two.input_tokens) == ("pending", later, None)
+    assert three == event("req-3")
+    await ledger.update_many([("req-2", 0, {"state": "settled"})])  # one row alone
+    assert (await ledger.get("req-2"))[0].state == "settled"
+    with pytest.raises(KeyError):  # a missing row fails the call
+        await ledger.update_many(
+            [("req-3", 0, {"state": "settled"}), ("req-9", 0, {"state": "settled"})]
+        )
+    with pytest.raises(KeyError):
+        await ledger.update_many([("req-9", 0, {"state": "settled"})])
+    with pytest.raises(ValueError):
+        await ledger.update_many([("req-1", 0, {"prompt": "never stored"})])
+    # the batch applied again row by row (the settlement's retry) gives the same rows
+    for request_id, attempt, fields in [("req-1", 0, {"state": "settled", "input_tokens": 90})]:
+        await ledger.update(request_id, attempt, **fields)
+    assert (await ledger.get("req-1"))[0] == one
+
+
 async def test_export_is_ordered_and_bounded(ledger: LedgerStore) -> None:
     for i in range(5):
         await ledger.append(event(f"req-{4 - i}", timestamp=T0 + timedelta(minutes=4 - i)))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -39,7 +39,14 @@ from ncap.providers.base import (
     StreamPiece,
     UpstreamResult,
 )
-from ncap.stores.ports import BudgetStore, Hold, ImportResult, LedgerStore, hold_id_for
+from ncap.stores.ports import (
+    BudgetStore,
+    Hold,
+    ImportResult,
+    LedgerStore,
+    RowUpdate,
+    hold_id_for,
+)
 
 __all__ = [
     "MULTI_CANDIDATE_FIELDS",
@@ -248,6 +255,16 @@ class ObservedLedger:
         await self._inner.update(request_id, attempt, **fields)
         if fields.get("state", "reserved") == "reserved":
             return
+        self._count_cost(request_id, attempt, fields)
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        await self._inner.update_many(updates)
+        for request_id, attempt, fields in updates:
+            if fields.get("state", "reserved") != "reserved":
+                self._count_cost(request_id, attempt, fields)
+
+    def _count_cost(self, request_id: str, attempt: int, fields: Mapping[str, Any]) -> None:
+        """A row's cost, counted once, when its final state is written."""
         labels = self._labels.pop((request_id, attempt), None)
         if labels is not None and fields.get("cost_micros"):
             self._metrics.cost(*labels, int(fields["cost_micros"]))

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from msgspec.structs import replace
 
@@ -55,7 +55,14 @@ from ncap.lifecycle.settlement import Settlement, Steps
 from ncap.metrics import Metrics
 from ncap.providers.base import AttemptFailed
 from ncap.stores import backend_name
-from ncap.stores.ports import BudgetStore, DuplicateAttempt, Hold, LedgerStore, hold_id_for
+from ncap.stores.ports import (
+    BudgetStore,
+    DuplicateAttempt,
+    Hold,
+    LedgerStore,
+    Settle,
+    hold_id_for,
+)
 
 __all__ = ["Accounting", "AttemptObserver"]
 
@@ -114,6 +121,7 @@ class Accounting:
         self._window_cache: dict[tuple[str, ExceptionGrant | None], BudgetWindows] = {}
         # where the closed attempts' store writes run (the composition root stops it)
         self.settlement = settlement or Settlement(metrics)
+        self.settlement.settles_with(self._settle_tick)
         # a reservation that is a round trip to another server is sent beside the row
         self.row_beside_reserve = budgets.round_trip
 
@@ -418,13 +426,69 @@ class Accounting:
         as soon as it has the answer finds its slot free. The reserved rows are
         durable already, so a crash in between leaves them for recovery."""
         closings = [self._closing(a, r, "completed", None) for a, r in answered]
-        request_id = closings[0].attempt.plan.request_id
-        self.settlement.beside_answer(request_id, self._settle_answers(closings))
+        self.settlement.beside_answer(closings[0].attempt.plan.request_id, closings)
 
     async def answered_together(self, answered: Sequence[tuple[Attempt, AttemptReport]]) -> None:
         """``answered_beside``, awaited now (a fan-out that fails after some branches
         answered: they were paid, and are settled before the error goes out)."""
         await self._settle_answers([self._closing(a, r, "completed", None) for a, r in answered])
+
+    async def _settle_tick(self, batch: list[tuple[str, list[_Closing]]]) -> None:
+        """A loop tick's whole answers: every hold in one budget call, then every row in
+        one ledger call, then each closing counted and observed. A store that is down
+        (or was down a moment ago: settlements wait) keeps the closings in order for
+        the deferred queue, each resuming where it stopped; any other failure settles
+        the tick again request by request, so that it stays that request's own."""
+        settlement = self.settlement
+        if not settlement.pending:
+            closings = [closing for _, group in batch for closing in group]
+            try:
+                await self._holds_together(closings)
+                await self.ledger.update_many(
+                    [(c.attempt.row.request_id, c.attempt.row.attempt, c.final) for c in closings]
+                )
+            except StoreUnavailable as exc:
+                for closing in closings:
+                    try:
+                        settlement.keep(self._steps(closing), exc)
+                    except StoreUnavailable as full:  # the backlog is full: lost
+                        settlement.failed(full)
+                        continue
+                    self._closed(closing)
+                return
+            except Exception:
+                pass  # settled again request by request, below: the failure is its own
+            else:
+                for closing in closings:
+                    self._closed(closing)
+                return
+        for _, group in batch:
+            try:
+                await self._settle_answers(group)
+            except Exception as exc:
+                settlement.failed(exc)
+
+    async def _holds_together(self, closings: list[_Closing]) -> None:
+        """The closings' holds: settled in one budget call (a hold kept or released, for
+        an answer that lacks usage, on its own)."""
+        settles: list[Settle] = []
+        settled: list[_Closing] = []
+        for closing in closings:
+            if closing.hold is None or closing.hold_done:
+                continue
+            if _hold_action(closing.final, closing.outcome, closing.keeps) == "settle":
+                final = closing.final
+                total, cost = final.get("total_tokens") or 0, final.get("cost_micros") or 0
+                settles.append((closing.hold, total, cost))
+                settled.append(closing)
+            else:
+                await self._hold_step(closing)
+        if settles:
+            await self.budgets.settle_many(settles)
+            outstanding = self.metrics.reservations_outstanding
+            for closing in settled:
+                closing.hold_done = True
+                outstanding.dec()
 
     async def _settle_answers(self, closings: list[_Closing]) -> None:
         """Every hold first, then each row in order; a failing settlement does not keep
@@ -516,6 +580,10 @@ class Accounting:
                 await self._row_step(closing)
             except StoreUnavailable as exc:
                 settlement.keep(self._steps(closing), exc)
+        self._closed(closing)
+
+    def _closed(self, closing: _Closing) -> None:
+        """A closing whose writes are done (or kept for later): counted and observed."""
         self._observe(closing.attempt, closing.final, closing.outcome)
         self._notify(closing.attempt.plan, closing.attempt, closing.final, closing.outcome)
 
@@ -546,9 +614,10 @@ class Accounting:
     ) -> None:
         if hold is None:
             return
-        if outcome in NOTHING_GENERATED and not final.get("total_tokens"):
+        action = _hold_action(final, outcome, keeps)
+        if action == "release":
             await self.budgets.release(hold)  # a refusal (or unbilled error) generated nothing
-        elif keeps:
+        elif action == "keep":
             await self.budgets.keep(hold)
             return  # still outstanding until reconciled
         else:
@@ -610,6 +679,16 @@ _DENIAL_COLUMNS = (
     "denied_limit",
     "denied_amount",
 )
+
+
+def _hold_action(
+    final: Mapping[str, Any], outcome: AttemptOutcome, keeps: bool
+) -> Literal["release", "keep", "settle"]:
+    """What a closed attempt's hold becomes: released (a refusal, or an unbilled error,
+    that generated nothing), kept (usage unknown: held until reconciled) or settled."""
+    if outcome in NOTHING_GENERATED and not final.get("total_tokens"):
+        return "release"
+    return "keep" if keeps else "settle"
 
 
 def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str) -> None:

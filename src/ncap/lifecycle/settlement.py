@@ -6,13 +6,15 @@ then the row", and owns everything about *when*:
 
 - ``run``: now, awaited by the lifecycle (a failed attempt, the end of a stream:
   their row is final before the client's error or last chunk);
-- ``beside_answer``: a whole answer's settlement, queued and run beside the answer.
-  The first one queued in an event-loop iteration starts the tick's batch task, so
-  the hold steps run before the loop reads any request that arrives after the answer
-  (a client at ``max_concurrency`` finds its slot free), the answer never waits for
-  the bookkeeping, and the tick's row updates are sent together (they share the
-  stores' group commits). The request's record (access line, span) is ended once its
-  settlement is done (``on_request_settled``), so its tokens are known;
+- ``beside_answer``: a whole answer's closed attempts, queued as data and settled
+  beside the answer. The first one queued in an event-loop iteration starts the
+  tick's one batch task, so the holds are settled before the loop reads any request
+  that arrives after the answer (a client at ``max_concurrency`` finds its slot
+  free), and the answer never waits for the bookkeeping. The books settle the whole
+  tick at once (``settles_with``: one budget call for the holds, one ledger call for
+  the rows, so one transaction of the group commit), with no task or coroutine per
+  request. The request's record (access line, span) is ended once its settlement is
+  done (``on_request_settled``), so its tokens are known;
 - ``Deferred``: writes a store refused, kept and retried with backoff until it is back.
 
 The composition root creates one per app and stops it at shutdown, before the stores
@@ -29,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ncap.errors import StoreUnavailable
@@ -54,7 +56,8 @@ class Settlement:
         self._metrics = metrics
         self._deferred = deferred or Deferred()
         self._on_settled = on_request_settled
-        self._queued: list[tuple[str, Coroutine[Any, Any, None]]] | None = None
+        self._queued: list[tuple[str, Any]] | None = None
+        self._settle_tick: Callable[[list[tuple[str, Any]]], Awaitable[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # now, awaited; kept for later when the store is unavailable (the deferred
         # queue's own ``run``, bound here: no coroutine layer of its own per settlement)
@@ -74,33 +77,37 @@ class Settlement:
         others wait (``exc`` None): kept in order, retried until the store is back."""
         self._deferred._keep(steps, exc)
 
-    def beside_answer(self, request_id: str, settle: Coroutine[Any, Any, None]) -> None:
-        """Queue a whole answer's settlement: it starts in the next loop iteration, in
-        the tick's one batch task, while the answer goes out."""
+    def settles_with(self, settle_tick: Callable[[list[tuple[str, Any]]], Awaitable[None]]) -> None:
+        """What settles a tick's whole answers, ``[(request_id, closed attempts)]`` (the
+        books bind theirs); it counts each request's failure itself (``failed``)."""
+        self._settle_tick = settle_tick
+
+    def beside_answer(self, request_id: str, closed: Any) -> None:
+        """Queue a whole answer's closed attempts: settled in the next loop iteration, in
+        the tick's one batch, while the answer goes out."""
         if self._queued is None:
             self._queued = []
             task = asyncio.get_running_loop().create_task(self._run_batch())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        self._queued.append((request_id, settle))
+        self._queued.append((request_id, closed))
 
     async def _run_batch(self) -> None:
         batch, self._queued = self._queued or [], None
-        if len(batch) == 1:  # the tick's only answer: no task of its own to wrap it in
-            await self._one(*batch[0])
-            return
-        # concurrently: their store writes then share the stores' group commits
-        await asyncio.gather(*(self._one(rid, settle) for rid, settle in batch))
-
-    async def _one(self, request_id: str, settle: Coroutine[Any, Any, None]) -> None:
         try:
-            await settle
+            assert self._settle_tick is not None, "beside_answer needs settles_with first"
+            await self._settle_tick(batch)
         except Exception as exc:
-            self._metrics.bookkeeping_failures.inc()
-            log.error("settlement failed: %s", type(exc).__name__)
+            self.failed(exc)
         finally:
             if self._on_settled is not None:
-                self._on_settled(request_id)
+                for request_id, _ in batch:
+                    self._on_settled(request_id)
+
+    def failed(self, exc: Exception) -> None:
+        """A settlement that failed for good: counted and logged (without content)."""
+        self._metrics.bookkeeping_failures.inc()
+        log.error("settlement failed: %s", type(exc).__name__)
 
     async def drain(self) -> None:
         """Every settlement queued so far run (tests, and the first step of ``stop``)."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import NamedTuple, Protocol
 from uuid import uuid4
@@ -19,7 +20,14 @@ from ncap.domain.events import (
     ReconciliationRow,
     reconcile,
 )
-from ncap.stores.ports import BudgetHistory, Hold, ImportResult, LedgerStore, SpentTotal
+from ncap.stores.ports import (
+    BudgetHistory,
+    Hold,
+    ImportResult,
+    LedgerStore,
+    Settle,
+    SpentTotal,
+)
 
 # (subject, window, bucket, amount): one counter a hold adds to
 Entry = tuple[str, str, str, int]
@@ -75,9 +83,31 @@ class TwoPhaseBudgets(ABC):
         )
 
     @abstractmethod
+    async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
+        """Replace the reservation by actual usage; False if the hold is already gone."""
+
+    async def settle_many(self, settles: Sequence[Settle]) -> None:
+        await settle_together(self.settle, settles)
+
+    @abstractmethod
     async def _reserve(self, charge: Charge) -> Hold:
         """The store's own atomic admit-and-hold (memory: under its lock; SQLite: in one
         immediate transaction); each store that builds on this class defines it."""
+
+
+async def settle_together(
+    settle: Callable[[Hold, int, int], Awaitable[bool]], settles: Sequence[Settle]
+) -> None:
+    """``settle_many`` as concurrent ``settle`` calls (a store's round trips overlap; the
+    writes of SQLite's share one group commit); the first failure is raised once all
+    are done."""
+    if len(settles) == 1:
+        await settle(*settles[0])
+        return
+    done = await asyncio.gather(*(settle(*s) for s in settles), return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 class Charge(msgspec.Struct, frozen=True, gc=False):

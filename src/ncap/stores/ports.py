@@ -55,12 +55,18 @@ __all__ = [
     "IdempotencyStore",
     "ImportResult",
     "LedgerStore",
+    "RowUpdate",
+    "Settle",
     "SpentTotal",
     "Usage",
     "hold_id_for",
+    "update_each",
 ]
 
 HoldState = Literal["active", "kept"]
+
+# one row's new columns: (request_id, attempt, {column: value})
+RowUpdate = tuple[str, int, dict[str, Any]]
 
 
 def hold_id_for(request_id: str, attempt: int) -> str:
@@ -93,6 +99,10 @@ class Hold(msgspec.Struct, frozen=True, gc=False):
     state: HoldState = "active"
 
 
+# a hold settled at its actual usage: (hold, actual_tokens, actual_cost_micros)
+Settle = tuple[Hold, int, int]
+
+
 @dataclass(slots=True)
 class ImportResult:
     """What a reconciliation import did, row by row (provider request ids)."""
@@ -115,6 +125,13 @@ class LedgerStore(Protocol):
 
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         """Overwrite columns of one attempt; ``KeyError`` when the row does not exist."""
+        ...
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        """``update`` of each row, in one call: one transaction (SQLite) or one batch
+        (PostgreSQL) for a loop tick's settlements. Raises when any row failed; rows
+        already written stay written (an update rewrites the same columns, so the
+        caller may apply the batch again row by row)."""
         ...
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
@@ -154,6 +171,12 @@ class LedgerStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def update_each(store: LedgerStore, updates: Sequence[RowUpdate]) -> None:
+    """``update_many`` as one ``update`` per row (for a store with no batch of its own)."""
+    for request_id, attempt, fields in updates:
+        await store.update(request_id, attempt, **fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +248,12 @@ class BudgetStore(Protocol):
 
     async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
         """Replace the reservation by actual usage; False if the hold is already gone."""
+        ...
+
+    async def settle_many(self, settles: Sequence[Settle]) -> None:
+        """``settle`` of each ``(hold, actual_tokens, actual_cost_micros)`` in one call (a
+        loop tick's answers). Raises when any failed; the ones applied stay applied (a
+        settled hold is not settled twice, so the caller may settle each again)."""
         ...
 
     async def keep(self, hold: Hold | str) -> bool:

@@ -24,7 +24,7 @@ attempt the upstream refused (its hold was released; its row is settled with
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from msgspec.structs import replace
@@ -45,7 +45,7 @@ from ncap.stores._common import (
     release_entries,
     settle_entries,
 )
-from ncap.stores.ports import BudgetHistory, Hold, hold_id_for
+from ncap.stores.ports import BudgetHistory, Hold, Settle, hold_id_for
 
 __all__ = ["MemoryBudgetStore"]
 
@@ -92,6 +92,17 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             self._count(held, -1)
             self._add(settle_entries(held, actual_tokens, actual_cost_micros), create=False)
         return True
+
+    async def settle_many(self, settles: Sequence[Settle]) -> None:
+        for _, actual_tokens, actual_cost_micros in settles:
+            check_actuals(actual_tokens, actual_cost_micros)
+        with self._lock:
+            for hold, actual_tokens, actual_cost_micros in settles:
+                held = self._holds.pop(hold_ref(hold), None)
+                if held is not None:
+                    self._count(held, -1)
+                    entries = settle_entries(held, actual_tokens, actual_cost_micros)
+                    self._add(entries, create=False)
 
     async def keep(self, hold: Hold | str) -> bool:
         with self._lock:

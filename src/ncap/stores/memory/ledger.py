@@ -13,7 +13,7 @@ reads rare).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +29,7 @@ from ncap.stores._common import (
     is_lost,
     spent_totals,
 )
-from ncap.stores.ports import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.ports import DuplicateAttempt, ImportResult, RowUpdate, SpentTotal
 
 __all__ = ["DEFAULT_MAX_ROWS", "MemoryLedgerStore"]
 
@@ -105,6 +105,20 @@ class MemoryLedgerStore:
             raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
         pending = self._updates.setdefault(key, {})
         pending.update(fields)  # merged into the row when it is read: updates stay cheap
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        self._check_open()
+        rows, merged = self._rows, self._updates
+        for request_id, attempt, fields in updates:
+            check_update_fields(fields)
+            key = (request_id, attempt)
+            if key not in rows:
+                raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
+            pending = merged.get(key)
+            if pending is None:
+                merged[key] = dict(fields)  # the caller's dict stays the caller's
+            else:
+                pending.update(fields)
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
         attempts = sorted(self._attempts.get(request_id, ()))

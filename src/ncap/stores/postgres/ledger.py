@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -51,7 +51,7 @@ from ncap.stores._common import (
     decode_per_choice,
     encode_per_choice,
 )
-from ncap.stores.ports import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.ports import DuplicateAttempt, ImportResult, RowUpdate, SpentTotal
 from ncap.stores.postgres.pool import STORE_TIMEOUT_S, PostgresPool, mapped
 
 __all__ = ["PostgresLedgerStore"]
@@ -155,10 +155,22 @@ class PostgresLedgerStore:
             encoded = {name: _encode(name, value) for name, value in fields.items()}
             await self._submit(_Write("update", (request_id, attempt), encoded))
 
-    async def _submit(self, write: _Write) -> None:
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        writes = []
+        for request_id, attempt, fields in updates:
+            check_update_fields(fields)
+            if fields:
+                encoded = {name: _encode(name, value) for name, value in fields.items()}
+                writes.append(_Write("update", (request_id, attempt), encoded))
+        if writes:
+            await self._submit(*writes)
+
+    async def _submit(self, *writes: _Write) -> None:
+        """Queue ``writes`` for the next batch and wait for all of them; the first
+        failure is raised once every one is done."""
         if self._closed:
             raise RuntimeError("PostgreSQL ledger is closed")
-        self._queue.append(write)
+        self._queue.extend(writes)
         if self._writer is None or self._writer.done():
             self._wake = asyncio.Event()
             self._writer = asyncio.create_task(self._write_loop())
@@ -166,11 +178,22 @@ class PostgresLedgerStore:
         self._wake.set()
         # bounded from submission: a write queued behind a batch that hangs (a partition)
         # fails on time, and is never sent if its batch had not started
-        deadline = asyncio.get_running_loop().call_later(self.pool.timeout_s, _expire, write.future)
+        deadline = asyncio.get_running_loop().call_later(self.pool.timeout_s, _expire, writes)
+        failure: BaseException | None = None
         try:
-            await write.future  # a caller cancelled before its batch starts writes nothing
+            for write in writes:
+                try:
+                    await write.future
+                except Exception as exc:
+                    failure = failure or exc
+        except asyncio.CancelledError:
+            for write in writes:  # a caller cancelled before its batch starts writes nothing
+                write.future.cancel()
+            raise
         finally:
             deadline.cancel()
+        if failure is not None:
+            raise failure
 
     async def _write_loop(self) -> None:
         assert self._wake is not None
@@ -503,9 +526,10 @@ async def _update(conn: Conn, write: _Write) -> BaseException | None:
     return None
 
 
-def _expire(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(StoreUnavailable("ledger", "PostgreSQL", "TimeoutError"))
+def _expire(writes: Sequence[_Write]) -> None:
+    for write in writes:
+        if not write.future.done():
+            write.future.set_exception(StoreUnavailable("ledger", "PostgreSQL", "TimeoutError"))
 
 
 def _no_row(key: tuple[str, int]) -> KeyError:

@@ -39,7 +39,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Any
@@ -53,8 +53,8 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ncap.domain.budget import Amounts, Buckets, BudgetWindows, Usage, admit
 from ncap.errors import StoreUnavailable
-from ncap.stores._common import hold_ref
-from ncap.stores.ports import BudgetHistory, Hold
+from ncap.stores._common import hold_ref, settle_together
+from ncap.stores.ports import BudgetHistory, Hold, Settle
 from ncap.stores.redis.rebuild import restore_payloads
 
 _pack_command: Callable[[tuple[Any, ...]], bytes] | None
@@ -417,6 +417,10 @@ class RedisBudgetStore:
         if actual_tokens < 0 or actual_cost_micros < 0:
             raise ValueError("actual usage cannot be negative")
         return await self._on_hold(hold, "settle", actual_tokens, actual_cost_micros)
+
+    async def settle_many(self, settles: Sequence[Settle]) -> None:
+        """Each settled by its own script call, sent together (the round trips overlap)."""
+        await settle_together(self.settle, settles)
 
     async def keep(self, hold: Hold | str) -> bool:
         return await self._on_hold(hold, "keep")

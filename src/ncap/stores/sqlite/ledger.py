@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from operator import attrgetter
@@ -34,7 +34,7 @@ from ncap.stores._common import (
     encode_per_choice,
 )
 from ncap.stores._migrations import migrations
-from ncap.stores.ports import DuplicateAttempt, ImportResult, SpentTotal
+from ncap.stores.ports import DuplicateAttempt, ImportResult, RowUpdate, SpentTotal
 from ncap.stores.sqlite.connection import (
     Migration,
     SQLiteReader,
@@ -82,6 +82,24 @@ class SQLiteLedgerStore:
         await self._writer.run(
             lambda conn: _update(conn, request_id, attempt, encoded), single_statement=True
         )
+
+    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
+        """One job of the group commit for every row (in one savepoint: a row that is
+        missing undoes the others, and the caller can apply them one by one)."""
+        rows: list[RowUpdate] = []
+        for request_id, attempt, fields in updates:
+            check_update_fields(fields)
+            if fields:
+                special = _SPECIAL_NAMES & fields.keys()
+                if special:
+                    fields = dict(fields)
+                    for name in special:  # the rest are stored as they are
+                        fields[name] = _encode(name, fields[name])
+                rows.append((request_id, attempt, fields))
+        if len(rows) == 1:
+            await self._writer.run(lambda conn: _update(conn, *rows[0]), single_statement=True)
+        elif rows:
+            await self._writer.run(lambda conn: _update_all(conn, rows))
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
         sql = f"{_SELECT} WHERE request_id = ? ORDER BY attempt"
@@ -284,6 +302,11 @@ def _update(
     cur = conn.execute(sql, (*fields.values(), request_id, attempt))
     if cur.rowcount == 0:
         raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
+
+
+def _update_all(conn: sqlite3.Connection, rows: list[RowUpdate]) -> None:
+    for request_id, attempt, fields in rows:
+        _update(conn, request_id, attempt, fields)
 
 
 _UPDATES: dict[tuple[str, ...], str] = {}
