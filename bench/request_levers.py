@@ -8,7 +8,7 @@ The difference between ``full`` and a case is what that concern costs per reques
   no-signals        no request record at all (access line, its attempt views)
   no-metrics        every labelled metric child a no-op
   no-budgets        the budget store's reserve and settle return at once
-  no-ledger         the ledger store's append and update return at once
+  no-ledger         the ledger store's append and updates return at once
   no-validation     the request body parsed once, then the same result reused
   no-upstream-call  the transport's POST answered from its first answer (no client,
                     no socket: what the upstream client and its I/O cost)
@@ -94,6 +94,7 @@ def _patch():
         async def done(self, *a, **k): return True
         b.MemoryBudgetStore.reserve = reserve
         b.MemoryBudgetStore.settle = done
+        b.MemoryBudgetStore.settle_many = done
         b.MemoryBudgetStore.release = done
     elif LEVER == "no-ledger":
         import ncap.stores.memory.ledger as ml
@@ -103,6 +104,7 @@ def _patch():
         for store in (ml.MemoryLedgerStore, sl.SQLiteLedgerStore):
             store.append = nothing
             store.update = nothing
+            store.update_many = nothing
     elif LEVER == "no-validation":
         import ncap.lifecycle.gateway as g
 
