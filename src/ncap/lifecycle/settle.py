@@ -451,7 +451,7 @@ class Accounting:
                 for closing in closings:
                     try:
                         settlement.keep(self._steps(closing), exc)
-                    except StoreUnavailable as full:  # the backlog is full: lost
+                    except StoreUnavailable as full:  # the backlog is full: it fails, as `run`
                         settlement.failed(full)
                         continue
                     self._closed(closing)
