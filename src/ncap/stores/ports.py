@@ -129,9 +129,10 @@ class LedgerStore(Protocol):
 
     async def update_many(self, updates: Sequence[RowUpdate]) -> None:
         """``update`` of each row, in one call: one transaction (SQLite) or one batch
-        (PostgreSQL) for a loop tick's settlements. Raises when any row failed; rows
-        already written stay written (an update rewrites the same columns, so the
-        caller may apply the batch again row by row)."""
+        (PostgreSQL) for a loop tick's settlements. Raises when any row failed; the
+        others may or may not be written (SQLite undoes them all, PostgreSQL and the
+        memory store keep each that succeeded): an update rewrites the same columns,
+        so the caller may apply them again row by row."""
         ...
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
