@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,26 +176,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def have_callgrind() -> bool:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind (callgrind) is not installed", file=sys.stderr)
-        return 2
-    work = Path(tempfile.mkdtemp(prefix="ncap-instructions-"))
+        return False
+    return True
+
+
+def measure_each(
+    names: list[str], measure_one: Callable[[str, int, Path], dict[str, Any]], prefix: str
+) -> list[dict[str, Any]]:
+    """Start the fake upstream, measure each name against it (``measure_one(name,
+    upstream_port, work)``, each row printed as it comes), then stop the upstream and
+    drop the databases the measurements created."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     upstream_port = bl.free_port()
     upstream = bl.start_server("upstream", bl.upstream_argv(upstream_port), work)
+    rows: list[dict[str, Any]] = []
     try:
         url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
         bl.wait_ready(upstream, url, bl.chat_body("fake-model"), timeout_s=30)
-        rows = []
-        for setup in args.setups.split(","):
-            rows.append(measure(setup, args, upstream_port, work))
+        for name in names:
+            rows.append(measure_one(name, upstream_port, work))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         bl.stop_server(upstream)
         shutil.rmtree(work, ignore_errors=True)
         for name in _CREATED:
             _run_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not have_callgrind():
+        return 2
+    rows = measure_each(
+        args.setups.split(","),
+        lambda setup, port, work: measure(setup, args, port, work),
+        "ncap-instructions-",
+    )
     if not args.src:  # another checkout's count is a before/after, not this one's result
         bl.save_result("instructions", [table(rows, args)], raw=rows)
     return 0

@@ -29,11 +29,8 @@ patch the memory and SQLite stores only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -191,24 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown cases: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        print("valgrind (callgrind) is not installed", file=sys.stderr)
+    if not ins.have_callgrind():
         return 2
-    work = Path(tempfile.mkdtemp(prefix="ncap-levers-"))
-    upstream_port = bl.free_port()
-    upstream = bl.start_server("upstream", bl.upstream_argv(upstream_port), work)
-    rows: list[dict[str, Any]] = []
-    try:
-        url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
-        bl.wait_ready(upstream, url, bl.chat_body("fake-model"), timeout_s=30)
-        for case in cases:
-            rows.append(measure(case, args, upstream_port, work))
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        bl.stop_server(upstream)
-        shutil.rmtree(work, ignore_errors=True)
-        for name in ins._CREATED:
-            ins._run_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    rows = ins.measure_each(
+        cases, lambda case, port, work: measure(case, args, port, work), "ncap-levers-"
+    )
     if not args.no_save:
         bl.save_result("request-levers", [table(rows, args)], raw=rows)
     return 0
