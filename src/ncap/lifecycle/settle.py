@@ -448,13 +448,7 @@ class Accounting:
                     [(c.attempt.row.request_id, c.attempt.row.attempt, c.final) for c in closings]
                 )
             except StoreUnavailable as exc:
-                for closing in closings:
-                    try:
-                        settlement.keep(self._steps(closing), exc)
-                    except StoreUnavailable as full:  # the backlog is full: it fails, as `run`
-                        settlement.failed(full)
-                        continue
-                    self._closed(closing)
+                self._keep_for_later(closings, exc)
                 return
             except Exception:
                 pass  # settled again request by request, below: the failure is its own
@@ -468,6 +462,18 @@ class Accounting:
             except Exception as exc:
                 settlement.failed(exc)
 
+    def _keep_for_later(self, closings: list[_Closing], exc: StoreUnavailable) -> None:
+        """Closings a store refused: each kept in the deferred queue (resuming at its
+        first step not done), then counted and observed."""
+        settlement = self.settlement
+        for closing in closings:
+            try:
+                settlement.keep(self._steps(closing), exc)
+            except StoreUnavailable as full:  # the backlog is full: it fails, as `run`
+                settlement.failed(full)
+                continue
+            self._closed(closing)
+
     async def _holds_together(self, closings: list[_Closing]) -> None:
         """The closings' holds: settled in one budget call (a hold kept or released, for
         an answer that lacks usage, on its own)."""
@@ -477,9 +483,7 @@ class Accounting:
             if closing.hold is None or closing.hold_done:
                 continue
             if _hold_action(closing.final, closing.outcome, closing.keeps) == "settle":
-                final = closing.final
-                total, cost = final.get("total_tokens") or 0, final.get("cost_micros") or 0
-                settles.append((closing.hold, total, cost))
+                settles.append((closing.hold, *_actuals(closing.final)))
                 settled.append(closing)
             else:
                 await self._hold_step(closing)
@@ -621,8 +625,7 @@ class Accounting:
             await self.budgets.keep(hold)
             return  # still outstanding until reconciled
         else:
-            tokens, cost = final.get("total_tokens") or 0, final.get("cost_micros") or 0
-            await self.budgets.settle(hold, tokens, cost)
+            await self.budgets.settle(hold, *_actuals(final))
         self.metrics.reservations_outstanding.dec()
 
     def _observe(self, attempt: Attempt, final: dict[str, Any], outcome: AttemptOutcome) -> None:
@@ -689,6 +692,11 @@ def _hold_action(
     if outcome in NOTHING_GENERATED and not final.get("total_tokens"):
         return "release"
     return "keep" if keeps else "settle"
+
+
+def _actuals(final: Mapping[str, Any]) -> tuple[int, int]:
+    """The tokens and cost a settled hold is charged (unknown counts as nothing)."""
+    return final.get("total_tokens") or 0, final.get("cost_micros") or 0
 
 
 def _log_failure(attempt: Attempt, status: int | None, reason: str, outcome: str) -> None:
