@@ -674,3 +674,56 @@ async def test_a_legacy_max_tokens_of_zero_reserves_one_token_a_candidate(tmp_pa
         await settled(h.gateway)
     (row,) = await h.rows()
     assert row.reserved_output_tokens == 1  # a bound, never short, and no more
+
+
+async def test_a_decision_taken_for_one_request_shape_follows_the_grants_and_the_clock(
+    tmp_path: Path,
+) -> None:
+    """Admission remembers an allowed decision per workload and request shape; it is
+    taken again once an exception of the workload expires, when the clock is set back
+    before a grant's expiry, and when the grants change (the admin API: a new grant,
+    a revoked one)."""
+    from ncap.config import ExceptionGrant
+    from ncap.domain.grants import GrantChanges
+
+    expires = datetime(2030, 1, 1, tzinfo=UTC)
+    grant = {"id": "eval", "workload": "default", "owner": "o", "max_candidates": 8}
+    now = [expires - timedelta(seconds=1)]
+    answers = [Answer(chat_body(*"abcdef")) for _ in range(4)]
+    h = harness(
+        tmp_path,
+        {"a": (route(), ScriptedProvider(answers))},
+        exceptions=[{**grant, "expires": expires.isoformat()}],
+    )
+    gw = Gateway(h.gateway.config, h.gateway.routes, _books(h, lambda: now[0]))
+
+    async def ask(request_id: str) -> None:
+        reply = await gw.chat(_raw(n=6, temperature=1.0), CALLER, request_id)
+        assert reply.settling
+        await settled(gw)
+
+    await ask("req-1")  # the exception allows n=6 (the workload 4)
+    now[0] = expires  # it has expired: the same shape is refused
+    with pytest.raises(PolicyDenied):
+        await gw.chat(_raw(n=6, temperature=1.0), CALLER, "req-2")
+    now[0] = expires - timedelta(minutes=1)  # set back: it is live again
+    await ask("req-3")
+    now[0] = expires + timedelta(days=1)
+    with pytest.raises(PolicyDenied):
+        await gw.chat(_raw(n=6, temperature=1.0), CALLER, "req-4")
+    later = ExceptionGrant(**{**grant, "id": "eval-2"}, expires=expires + timedelta(days=30))
+    gw.accounting.grants.apply(GrantChanges(exceptions=(later,), revoked_exceptions=frozenset()))
+    await ask("req-5")  # a new grant: allowed at once
+    gw.accounting.grants.apply(GrantChanges(revoked_exceptions=frozenset({"eval-2"})))
+    with pytest.raises(PolicyDenied):  # revoked: refused at once
+        await gw.chat(_raw(n=6, temperature=1.0), CALLER, "req-6")
+    rows = {rid: (await h.rows(rid))[0] for rid in ("req-1", "req-2", "req-3", "req-5")}
+    assert [r.policy_result for r in rows.values()] == ["allow", "deny", "allow", "allow"]
+    assert rows["req-2"].policy_reason == "candidate_count_exceeds_policy"
+    assert rows["req-5"].exception_id == "eval-2"
+
+
+def _books(h: Harness, clock: Any) -> Accounting:
+    return Accounting(
+        h.gateway.config, h.ledger, h.budgets, instance="test", metrics=h.metrics, clock=clock
+    )

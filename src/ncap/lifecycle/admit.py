@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -20,7 +20,7 @@ from msgspec.structs import replace
 
 import ncap.lifecycle.asked as asked
 from ncap import __version__
-from ncap.config import Config, Fingerprint
+from ncap.config import Config, ExceptionGrant, Fingerprint
 from ncap.domain.contracts import candidates_mode, check_route, fallback_allowed
 from ncap.domain.events import LedgerEvent
 from ncap.domain.grants import Grants
@@ -36,6 +36,8 @@ from ncap.lifecycle.asked import Request, given
 from ncap.lifecycle.plan import Caller, Holds, Plan, RouteRuntime, Sampling
 from ncap.lifecycle.settle import Accounting
 from ncap.metrics import Metrics
+from ncap.protocol.chat import ChatCompletionRequest
+from ncap.protocol.completions import CompletionRequest
 
 __all__ = ["Admitter"]
 
@@ -64,6 +66,7 @@ class Admitter:
         self.clock = clock
         # the sampling parameters are only for telemetry: not read when it is off
         self._sampling = config.observability.telemetry
+        self._lanes: dict[str, _Lane] = {}
 
     async def admit(
         self,
@@ -74,9 +77,9 @@ class Admitter:
         chain: Sequence[RouteRuntime],
     ) -> tuple[Plan, Holds]:
         now = self.clock()
-        decision = self._decide(caller, request, now)
-        m = self.metrics
-        m.child(m.candidates_requested, caller.workload_id).observe(decision.effective)
+        lane = self._lane(caller.workload_id, now)
+        decision, allowed = lane.decision(caller, request, now, self._decide)
+        lane.candidates_requested.observe(decision.effective)
         holds = Holds()
         plan: Plan | None = None
         written: LedgerEvent | None = None  # the first row, when written at admission
@@ -106,8 +109,24 @@ class Admitter:
             if isinstance(exc, StoreUnavailable) and plan is not None:
                 self.books.give_back_later(request_id, holds, len(holds) + 1)
             raise
-        m.child(m.requests, caller.workload_id, "allow", decision.policy_reason).inc()
+        allowed.inc()
         return plan, holds
+
+    def _lane(self, workload_id: str, now: datetime) -> _Lane:
+        """The workload's lane, built again once the grants changed or one of the
+        workload's exceptions expired (decisions taken before no longer hold)."""
+        lane = self._lanes.get(workload_id)
+        exceptions = self.grants.exceptions
+        if lane is None or lane.exceptions is not exceptions or not lane.since <= now < lane.until:
+            m = self.metrics
+            lane = self._lanes[workload_id] = _Lane(
+                workload_id,
+                exceptions,
+                now,
+                m.child(m.candidates_requested, workload_id),
+                lambda reason: m.child(m.requests, workload_id, "allow", reason),
+            )
+        return lane
 
     def _decide(self, caller: Caller, request: Request, now: datetime) -> Decision:
         temperature = given(request.temperature)
@@ -177,6 +196,75 @@ class Admitter:
             returns=returns,
             sampling=asked.sampling(request) if self._sampling else _NO_SAMPLING,
         )
+
+
+_FOREVER = datetime.max.replace(tzinfo=UTC)
+_LANE_DECISIONS = 256  # request shapes remembered per workload (a bound, not a need)
+
+
+class _Lane:
+    """One workload's admissions under one grants snapshot: the policy decisions taken
+    so far, by request shape, and the metric children every admission updates.
+
+    ``decide`` is pure: the same workload, grants and request fields give the same
+    decision until an exception of the workload expires (``until``, the earliest
+    expiry still ahead when the lane was built) or the grants change (another
+    ``exceptions`` tuple: the admin API swaps the whole snapshot). So an allowed
+    decision is taken once per request shape and shared (it is frozen); a denial is
+    decided every time (its error is raised, and carries the request's headers).
+    The workload's config cannot change while the gateway runs."""
+
+    __slots__ = ("_allow", "_decisions", "candidates_requested", "exceptions", "since", "until")
+
+    def __init__(
+        self,
+        workload_id: str,
+        exceptions: tuple[ExceptionGrant, ...],
+        now: datetime,
+        candidates_requested: Any,
+        allow: Callable[[str], Any],
+    ) -> None:
+        self.exceptions = exceptions
+        self.since = now  # a clock set back (a test's) may find an expired grant live
+        ahead = [e.expires for e in exceptions if e.workload == workload_id and e.expires > now]
+        self.until = min(ahead, default=_FOREVER)
+        self.candidates_requested = candidates_requested
+        self._allow = allow  # the ``requests{result="allow"}`` child of a reason
+        self._decisions: dict[tuple[Any, ...], tuple[Decision, Any]] = {}
+
+    def decision(
+        self,
+        caller: Caller,
+        request: Request,
+        now: datetime,
+        decide_: Callable[[Caller, Request, datetime], Decision],
+    ) -> tuple[Decision, Any]:
+        """The request's decision and, when allowed, the counter its admission adds to."""
+        key = _shape(request)
+        found = self._decisions.get(key)
+        if found is not None:
+            return found
+        decision = decide_(caller, request, now)
+        if decision.error is not None:
+            return decision, None
+        found = (decision, self._allow(decision.policy_reason))
+        if len(self._decisions) < _LANE_DECISIONS:
+            self._decisions[key] = found
+        return found
+
+
+def _shape(request: Request) -> tuple[Any, ...]:
+    """Every request field the policy reads (``temperature`` only as greedy or not):
+    two requests of one shape get the same decision."""
+    if type(request) is ChatCompletionRequest:
+        return (
+            request.n,
+            request.temperature == 0,
+            request.max_completion_tokens,
+            request.max_tokens,
+        )
+    legacy: CompletionRequest = request  # type: ignore[assignment]
+    return ("legacy", legacy.n, legacy.best_of, legacy.temperature == 0, legacy.max_tokens)
 
 
 def _draft(

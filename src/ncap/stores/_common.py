@@ -122,13 +122,18 @@ class Charge(msgspec.Struct, frozen=True, gc=False):
 
     def admit(self, usage: Usage, exists: bool, instance: str) -> tuple[Hold, list[Entry]]:
         """The new hold and the counters it adds to, or raise (nothing changed)."""
+        hold = self.admit_hold(usage, exists, instance)
+        return hold, hold_entries(hold, hold.tokens, hold.cost_micros, 1)
+
+    def admit_hold(self, usage: Usage, exists: bool, instance: str) -> Hold:
+        """The new hold, or raise (nothing changed): for a store that adds the hold's
+        amounts to its counters its own way."""
         if exists:
             raise ValueError(f"hold {self.hold_id!r} already exists")
         admit(self.workload_id, self.exception_id, usage, self.windows, self.amounts, self.buckets)
-        hold = new_hold(
+        return new_hold(
             self.workload_id, self.exception_id, self.amounts, self.buckets, instance, self.hold_id
         )
-        return hold, hold_entries(hold, hold.tokens, hold.cost_micros, 1)
 
 
 def check_actuals(actual_tokens: int, actual_cost_micros: int) -> None:

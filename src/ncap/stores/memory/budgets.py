@@ -1,7 +1,8 @@
 """In-process budgets: the embedded default, ``quota_scope=instance``.
 
-Counters live in this process only, one live bucket per (subject, window); a bucket
-that rolls over is dropped, so memory stays bounded. Admission is atomic because the
+Counters live in this process only: per workload one row of its live buckets (the
+minute, the day, the month) and their amounts, per exception its life-long spend; a
+bucket that rolls over is replaced, so memory stays bounded. Admission is atomic because the
 check and the update run under one lock with no ``await`` between them.
 
 THE LEDGER IS THE SOURCE OF TRUTH, THE COUNTERS A CACHE OF IT. Built with a
@@ -26,6 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 from msgspec.structs import replace
 
@@ -33,17 +35,11 @@ from ncap.config import utcnow
 from ncap.domain.budget import Amounts, Buckets, Usage
 from ncap.domain.events import LedgerEvent
 from ncap.stores._common import (
-    LIFE_BUCKET,
     Charge,
-    Entry,
     TwoPhaseBudgets,
     check_actuals,
-    hold_entries,
     hold_ref,
-    minute_entries,
     new_hold,
-    release_entries,
-    settle_entries,
 )
 from ncap.stores.ports import BudgetHistory, Hold, Settle, hold_id_for
 
@@ -68,8 +64,9 @@ class MemoryBudgetStore(TwoPhaseBudgets):
         self._history = history
         self._rebuilt = False
         self._lock = threading.Lock()
-        # (subject, window) -> (live bucket, amount)
-        self._counters: dict[tuple[str, str], tuple[str, int]] = {}
+        # workload -> its live buckets; exception -> its spend (a life-long budget)
+        self._live: dict[str, _LiveBuckets] = {}
+        self._exceptions: dict[str, int] = {}
         self._holds: dict[str, Hold] = {}
         self._active: dict[str, int] = {}  # workload -> active holds (kept ones excluded)
 
@@ -77,8 +74,8 @@ class MemoryBudgetStore(TwoPhaseBudgets):
         with self._lock:
             usage = self._usage(charge.workload_id, charge.exception_id, charge.buckets)
             exists = charge.hold_id is not None and charge.hold_id in self._holds
-            hold, entries = charge.admit(usage, exists, self._instance)
-            self._add(entries, create=True)
+            hold = charge.admit_hold(usage, exists, self._instance)
+            self._add(hold, hold.tokens, hold.cost_micros, 1, _CREATE)
             self._holds[hold.hold_id] = hold
             self._count(hold, +1)
         return hold
@@ -89,8 +86,7 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             held = self._holds.pop(hold_ref(hold), None)
             if held is None:
                 return False
-            self._count(held, -1)
-            self._add(settle_entries(held, actual_tokens, actual_cost_micros), create=False)
+            self._settled(held, actual_tokens, actual_cost_micros)
         return True
 
     async def settle_many(self, settles: Sequence[Settle]) -> None:
@@ -100,9 +96,7 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             for hold, actual_tokens, actual_cost_micros in settles:
                 held = self._holds.pop(hold_ref(hold), None)
                 if held is not None:
-                    self._count(held, -1)
-                    entries = settle_entries(held, actual_tokens, actual_cost_micros)
-                    self._add(entries, create=False)
+                    self._settled(held, actual_tokens, actual_cost_micros)
 
     async def keep(self, hold: Hold | str) -> bool:
         with self._lock:
@@ -119,7 +113,7 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             if held is None:
                 return False
             self._count(held, -1)
-            self._add(release_entries(held), create=False)
+            self._add(held, -held.tokens, -held.cost_micros, -1, _ROLLED_OVER_STAYS)
         return True
 
     async def outstanding(self, workload_id: str | None = None) -> list[Hold]:
@@ -143,16 +137,8 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             self._clock().astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         )
         async for total in self._history.spent_totals(month_start):
-            entries = minute_entries(
-                total.workload_id,
-                total.exception_id,
-                total.minute,
-                total.tokens,
-                total.cost_micros,
-                total.requests,
-            )
             with self._lock:
-                self._add_replayed(entries)
+                self._add(total, total.tokens, total.cost_micros, total.requests, _REPLAYED)
         held = 0
         async for event in self._history.held_rows():
             with self._lock:
@@ -177,7 +163,7 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             hold_id,
         )
         self._holds[hold_id] = replace(hold, state="kept")
-        self._add_replayed(hold_entries(hold, hold.tokens, hold.cost_micros, 1))
+        self._add(hold, hold.tokens, hold.cost_micros, 1, _REPLAYED)
         return 1
 
     def _count(self, hold: Hold, delta: int) -> None:
@@ -185,44 +171,103 @@ class MemoryBudgetStore(TwoPhaseBudgets):
         if hold.state == "active":
             self._active[hold.workload_id] = self._active.get(hold.workload_id, 0) + delta
 
+    def _settled(self, held: Hold, actual_tokens: int, actual_cost_micros: int) -> None:
+        """A hold's reservation replaced by its actual usage (the hold already taken out)."""
+        self._count(held, -1)
+        tokens, cost = actual_tokens - held.tokens, actual_cost_micros - held.cost_micros
+        self._add(held, tokens, cost, 0, _ROLLED_OVER_STAYS)
+
     def _usage(self, workload_id: str, exception_id: str | None, buckets: Buckets) -> Usage:
-        """The live counters (``usage_keys``' windows), read in place: one lookup each,
-        no key map built per admission."""
-        counters, minute, day = self._counters, buckets.minute, buckets.day
-        exception = 0
-        if exception_id is not None:
-            exception = _live(counters.get((exception_id, "cost_exception")), LIFE_BUCKET)
+        """The live counters (``usage_keys``' windows), read in place from the workload's
+        row: a window whose bucket is not the current one is over (0)."""
+        exception = self._exceptions.get(exception_id, 0) if exception_id is not None else 0
+        live = self._live.get(workload_id)
+        if live is None:
+            return Usage(0, 0, 0, 0, 0, exception, self._active.get(workload_id, 0))
+        minute = live.minute == buckets.minute
+        day = live.day == buckets.day
         return Usage(
-            _live(counters.get((workload_id, "tokens_minute")), minute),
-            _live(counters.get((workload_id, "requests_minute")), minute),
-            _live(counters.get((workload_id, "tokens_day")), day),
-            _live(counters.get((workload_id, "cost_day")), day),
-            _live(counters.get((workload_id, "cost_month")), buckets.month),
+            live.tokens_minute if minute else 0,
+            live.requests_minute if minute else 0,
+            live.tokens_day if day else 0,
+            live.cost_day if day else 0,
+            live.cost_month if live.month == buckets.month else 0,
             exception,
             self._active.get(workload_id, 0),
         )
 
-    def _add(self, entries: list[Entry], *, create: bool) -> None:
-        """Add to the live buckets; a new bucket replaces an old one only when ``create``
-        (a settlement for a bucket that already rolled over changes nothing)."""
-        for subject, window, bucket, amount in entries:
-            live, current = self._counters.get((subject, window), (bucket, 0))
-            if live == bucket:
-                self._counters[(subject, window)] = (bucket, current + amount)
-            elif create:
-                self._counters[(subject, window)] = (bucket, amount)
+    def _add(self, spent: _Spent, tokens: int, cost: int, requests: int, mode: int) -> None:
+        """Add one minute's amounts (a hold's, a settlement's delta, a replayed total)
+        to the workload's live buckets and to its exception's budget, window by window:
+        in the same bucket it adds; a different bucket replaces the live one only for a
+        new reservation (``_CREATE``: the window rolled over) or a newer replayed one
+        (``_REPLAYED``, whatever order the rows come in); otherwise (a settlement or a
+        release of a bucket that rolled over since) that window changes nothing."""
+        if spent.exception_id is not None:  # an exception's budget spans its whole life
+            exceptions = self._exceptions
+            exceptions[spent.exception_id] = exceptions.get(spent.exception_id, 0) + cost
+        live = self._live.get(spent.workload_id)
+        if live is None:
+            live = self._live[spent.workload_id] = _LiveBuckets()
+        minute = spent.minute
+        if live.minute == minute:
+            live.tokens_minute += tokens
+            live.requests_minute += requests
+        elif _replaces(live.minute, minute, mode):
+            live.minute, live.tokens_minute, live.requests_minute = minute, tokens, requests
+        day = minute[:10]
+        if live.day == day:
+            live.tokens_day += tokens
+            live.cost_day += cost
+        elif _replaces(live.day, day, mode):
+            live.day, live.tokens_day, live.cost_day = day, tokens, cost
+        month = minute[:7]
+        if live.month == month:
+            live.cost_month += cost
+        elif _replaces(live.month, month, mode):
+            live.month, live.cost_month = month, cost
 
-    def _add_replayed(self, entries: list[Entry]) -> None:
-        """Like ``_add``, whatever order the rows come in: a newer bucket replaces the
-        live one, an older one is already over and changes nothing."""
-        for subject, window, bucket, amount in entries:
-            live, current = self._counters.get((subject, window), (bucket, 0))
-            if live == bucket:
-                self._counters[(subject, window)] = (bucket, current + amount)
-            elif bucket > live:
-                self._counters[(subject, window)] = (bucket, amount)
+
+# what a different bucket does to a window's live one (``MemoryBudgetStore._add``)
+_CREATE, _ROLLED_OVER_STAYS, _REPLAYED = 0, 1, 2
 
 
-def _live(counter: tuple[str, int] | None, bucket: str) -> int:
-    """A counter's amount when it is in ``bucket`` (an older bucket is over: 0)."""
-    return counter[1] if counter is not None and counter[0] == bucket else 0
+def _replaces(live: str, bucket: str, mode: int) -> bool:
+    """Whether ``bucket`` replaces the live one (``""``: the window never counted)."""
+    if not live or mode == _CREATE:
+        return True
+    return mode == _REPLAYED and bucket > live
+
+
+class _Spent(Protocol):
+    """What ``_add`` reads of a hold or a replayed minute's total."""
+
+    @property
+    def workload_id(self) -> str: ...
+    @property
+    def exception_id(self) -> str | None: ...
+    @property
+    def minute(self) -> str: ...
+
+
+class _LiveBuckets:
+    """One workload's live window buckets and their amounts: the minute's tokens and
+    requests, the day's tokens and cost, the month's cost (a reservation, a settlement
+    and a release always touch all five, so two windows of one length share a
+    bucket)."""
+
+    __slots__ = (
+        "cost_day",
+        "cost_month",
+        "day",
+        "minute",
+        "month",
+        "requests_minute",
+        "tokens_day",
+        "tokens_minute",
+    )
+
+    def __init__(self) -> None:
+        self.minute = self.day = self.month = ""  # no bucket counted yet
+        self.tokens_minute = self.requests_minute = self.tokens_day = 0
+        self.cost_day = self.cost_month = 0
