@@ -34,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import INF, floatToGoString
 
-__all__ = ["BUDGET_WINDOWS", "ROUTE_FAILURE_REASONS", "Metrics"]
+__all__ = ["BUDGET_WINDOWS", "ROUTE_FAILURE_REASONS", "Metrics", "RouteMeters"]
 
 _CANDIDATE_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64, 128)
 # shares of the returned candidates (distinct ones, the largest identical group): 1/2,
@@ -259,6 +259,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._route_up: dict[str, bool] = {}
+        self._routes: dict[str, RouteMeters] = {}
         r = self.registry
         self.requests = PlainCounter(
             "ncap_requests",
@@ -430,6 +431,13 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def route_meters(self, route: str) -> RouteMeters:
+        """The metrics every closed attempt of ``route`` updates, looked up once."""
+        meters = self._routes.get(route)
+        if meters is None:
+            meters = self._routes[route] = RouteMeters(self, route)
+        return meters
+
     def route_is_up(self, route: str) -> bool:
         """True until the route's last attempt failed (unknown routes count as up)."""
         return self._route_up.get(route, True)
@@ -479,3 +487,40 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RouteMeters:
+    """One route's attempt metrics: attempts by outcome, upstream latency, tokens in and
+    out. Each child is looked up once (through ``Metrics.child``, on first use, so a
+    label set appears on ``/metrics`` exactly when it would otherwise) and then kept."""
+
+    __slots__ = ("_attempts", "_latency", "_metrics", "_route", "_tokens_in", "_tokens_out")
+
+    def __init__(self, metrics: Metrics, route: str) -> None:
+        self._metrics = metrics
+        self._route = route
+        self._attempts: dict[str, Any] = {}
+        self._latency: Any = None
+        self._tokens_in: Any = None
+        self._tokens_out: Any = None
+
+    def closed(
+        self, outcome: str, seconds: float, input_tokens: int | None, output_tokens: int | None
+    ) -> None:
+        """One attempt closed with ``outcome`` after ``seconds`` (tokens when known)."""
+        m = self._metrics
+        attempts = self._attempts.get(outcome)
+        if attempts is None:
+            attempts = self._attempts[outcome] = m.child(m.attempts, self._route, outcome)
+        attempts.inc()
+        if self._latency is None:
+            self._latency = m.child(m.upstream_latency, self._route)
+        self._latency.observe(seconds)
+        if input_tokens:
+            if self._tokens_in is None:
+                self._tokens_in = m.child(m.tokens, self._route, "in")
+            self._tokens_in.inc(input_tokens)
+        if output_tokens:
+            if self._tokens_out is None:
+                self._tokens_out = m.child(m.tokens, self._route, "out")
+            self._tokens_out.inc(output_tokens)

@@ -324,21 +324,30 @@ def _usable_routes(
 
 
 def _reservation(estimate: int, routes: Sequence[RouteRuntime], decision: Decision) -> Reservation:
-    """Sized for the dearest route the request may end up on (fallbacks included)."""
-    sizes = [
-        reservation_for(
+    """Sized for the dearest route the request may end up on (fallbacks included): the
+    first of the largest by cost, then tokens."""
+    n = decision.effective
+    # a legacy max_tokens of 0 (the reference allows it: an echo of the prompt, for its
+    # logprobs) still reserves a token a candidate: a bound, never short
+    ceiling = max(decision.per_candidate_ceiling, 1)
+    dearest: Reservation | None = None
+    for rt in routes:
+        contract = rt.route.contract
+        size = reservation_for(
             estimated_input_tokens=estimate,
-            effective_n=decision.effective,
-            # a legacy max_tokens of 0 (the reference allows it: an echo of the prompt,
-            # for its logprobs) still reserves a token a candidate: a bound, never short
-            per_candidate_ceiling=max(decision.per_candidate_ceiling, 1),
-            output_cap=rt.route.contract.output_cap,
-            candidates_mode=candidates_mode(rt.route.contract, decision.effective),
+            effective_n=n,
+            per_candidate_ceiling=ceiling,
+            output_cap=contract.output_cap,
+            candidates_mode=candidates_mode(contract, n),
             pricing=rt.route.pricing,
         )
-        for rt in routes
-    ]
-    return max(sizes, key=lambda r: (r.cost_micros, r.total_tokens))
+        if dearest is None or (size.cost_micros, size.total_tokens) > (
+            dearest.cost_micros,
+            dearest.total_tokens,
+        ):
+            dearest = size
+    assert dearest is not None  # a plan has at least its primary route
+    return dearest
 
 
 @lru_cache(maxsize=256)

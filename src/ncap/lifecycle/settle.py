@@ -629,13 +629,13 @@ class Accounting:
         self.metrics.reservations_outstanding.dec()
 
     def _observe(self, attempt: Attempt, final: dict[str, Any], outcome: AttemptOutcome) -> None:
-        m, rid = self.metrics, attempt.route.id
-        m.child(m.attempts, rid, outcome).inc()
-        m.child(m.upstream_latency, rid).observe(time.monotonic() - attempt.started)
-        if final.get("input_tokens"):
-            m.child(m.tokens, rid, "in").inc(final["input_tokens"])
-        if final.get("output_tokens_total"):
-            m.child(m.tokens, rid, "out").inc(final["output_tokens_total"])
+        m = self.metrics
+        m.route_meters(attempt.route.id).closed(
+            outcome,
+            time.monotonic() - attempt.started,
+            final.get("input_tokens"),
+            final.get("output_tokens_total"),
+        )
         if final["state"] in ("pending", "usage_reconciliation_required"):
             m.pending_reconciliation.inc()
         compared = final.get("candidates_compared")
