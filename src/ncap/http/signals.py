@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from ncap.config import Route
 from ncap.http.telemetry import PROVIDER_NAMES, Telemetry, finish_reason
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 ACCESS_LOGGER = "ncap.access"
-_encode = msgspec.json.Encoder(order="sorted").encode
+_encode = msgspec.json.Encoder().encode  # an AccessLine: its fields are in key order
 
 
 def access_logger() -> logging.Logger:
@@ -318,7 +319,7 @@ class RequestSignals:
         if self._otel is not None:
             self._end_request(record, line)
 
-    def _end_request(self, record: _Record, line: Mapping[str, Any]) -> None:
+    def _end_request(self, record: _Record, line: AccessLine) -> None:
         assert self._otel is not None
         for span in record.attempt_spans.values():  # begun, never closed (cancelled)
             span.end()
@@ -328,8 +329,8 @@ class RequestSignals:
         if plan is not None:
             route = _answering_route(plan, [a for a in record.attempts if a["attempt"] > 0])
             attributes = _metric_attributes(plan, route, plan.alias)
-            if isinstance(line.get("status"), int) and line["status"] >= 400:
-                attributes["error.type"] = str(line.get("error_code") or line["status"])
+            if line.status is not None and line.status >= 400:
+                attributes["error.type"] = str(line.error_code or line.status)
             elapsed = time.monotonic() - record.started
             self._otel.request_duration.record(elapsed, attributes)
 
@@ -373,7 +374,45 @@ def _attempt_view(
     }
 
 
-def _line(record: _Record) -> dict[str, Any]:
+class AccessLine(msgspec.Struct, kw_only=True, gc=False):
+    """One request's access-log line. The fields are declared in sorted order, so the
+    JSON object comes out with its keys sorted without sorting them per line; the
+    plan's fields are left out (``UNSET``) for a request refused before it had one."""
+
+    attempts: int
+    candidates_effective: int | UnsetType = UNSET
+    candidates_requested: int | UnsetType | None = UNSET
+    candidates_returned: int | UnsetType | None = UNSET
+    cost_micros: int | UnsetType | None = UNSET
+    emulated: bool | UnsetType = UNSET
+    environment: str | None
+    error_code: str | None
+    event: str = "request"
+    exception_id: str | UnsetType | None = UNSET
+    input_tokens: int | UnsetType | None = UNSET
+    latency_ms: float | None
+    model: str | UnsetType = UNSET
+    output_tokens: int | UnsetType | None = UNSET
+    policy_reason: str | UnsetType | None = UNSET
+    policy_result: str | UnsetType = UNSET
+    request_id: str
+    reserved_tokens: int | UnsetType = UNSET
+    route: str | UnsetType | None = UNSET
+    states: list[str] | UnsetType = UNSET
+    status: int | None
+    stream: bool | UnsetType = UNSET
+    workload: str | None
+
+    def fields(self) -> dict[str, Any]:
+        """The line's keys and values, in key order (the ones it has)."""
+        return {
+            name: value
+            for name in self.__struct_fields__
+            if (value := getattr(self, name)) is not UNSET
+        }
+
+
+def _line(record: _Record) -> AccessLine:
     """The access-log line: one pass over the attempts' views for every total (each a
     sum of the known counts, None when none is known: never a guessed zero)."""
     plan, caller = record.plan, record.caller
@@ -385,46 +424,53 @@ def _line(record: _Record) -> dict[str, Any]:
             attempts.append(view)
         elif number == 0:
             denied = True
-    line: dict[str, Any] = {
-        "event": "request",
-        "request_id": record.request_id,
-        "workload": caller.workload_id if caller else None,
-        "environment": caller.environment if caller else None,
-        "status": record.status,
-        "error_code": record.error_code,
-        "latency_ms": record.latency_ms,
-        "attempts": len(attempts),
-    }
-    if plan is not None:
-        returned = input_tokens = output_tokens = cost = None
-        states = set()
-        for a in attempts:
-            if a["outcome"] in _ANSWERED and (v := a["returned"]) is not None:
-                returned = v if returned is None else returned + v
-            if (v := a["input_tokens"]) is not None:
-                input_tokens = v if input_tokens is None else input_tokens + v
-            if (v := a["output_tokens"]) is not None:
-                output_tokens = v if output_tokens is None else output_tokens + v
-            if (v := a["cost_micros"]) is not None:
-                cost = v if cost is None else cost + v
-            states.add(str(a["state"]))
-        decision = plan.decision
-        line["model"] = plan.alias
-        line["route"] = attempts[-1]["route"] if attempts else plan.usable_routes[0].id
-        line["stream"] = plan.stream
-        line["emulated"] = plan.emulated
-        line["policy_result"] = "deny" if denied else "allow"
-        line["policy_reason"] = record.error_code if denied else decision.policy_reason
-        line["exception_id"] = decision.exception_id
-        line["candidates_requested"] = decision.requested
-        line["candidates_effective"] = decision.effective
-        line["candidates_returned"] = returned
-        line["reserved_tokens"] = plan.reservation.total_tokens
-        line["input_tokens"] = input_tokens
-        line["output_tokens"] = output_tokens
-        line["cost_micros"] = cost
-        line["states"] = sorted(states)
-    return line
+    if plan is None:
+        return AccessLine(
+            request_id=record.request_id,
+            workload=caller.workload_id if caller else None,
+            environment=caller.environment if caller else None,
+            status=record.status,
+            error_code=record.error_code,
+            latency_ms=record.latency_ms,
+            attempts=len(attempts),
+        )
+    returned = input_tokens = output_tokens = cost = None
+    states = set()
+    for a in attempts:
+        if a["outcome"] in _ANSWERED and (v := a["returned"]) is not None:
+            returned = v if returned is None else returned + v
+        if (v := a["input_tokens"]) is not None:
+            input_tokens = v if input_tokens is None else input_tokens + v
+        if (v := a["output_tokens"]) is not None:
+            output_tokens = v if output_tokens is None else output_tokens + v
+        if (v := a["cost_micros"]) is not None:
+            cost = v if cost is None else cost + v
+        states.add(str(a["state"]))
+    decision = plan.decision
+    return AccessLine(
+        request_id=record.request_id,
+        workload=caller.workload_id if caller else None,
+        environment=caller.environment if caller else None,
+        status=record.status,
+        error_code=record.error_code,
+        latency_ms=record.latency_ms,
+        attempts=len(attempts),
+        model=plan.alias,
+        route=attempts[-1]["route"] if attempts else plan.usable_routes[0].id,
+        stream=plan.stream,
+        emulated=plan.emulated,
+        policy_result="deny" if denied else "allow",
+        policy_reason=record.error_code if denied else decision.policy_reason,
+        exception_id=decision.exception_id,
+        candidates_requested=decision.requested,
+        candidates_effective=decision.effective,
+        candidates_returned=returned,
+        reserved_tokens=plan.reservation.total_tokens,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_micros=cost,
+        states=sorted(states),
+    )
 
 
 _ANSWERED = ("completed", "stream_cut")  # the outcomes that returned candidates
@@ -540,13 +586,13 @@ def _metric_attributes(plan: Plan, route: Route, model: str) -> dict[str, Any]:
     }
 
 
-def _end_span(span: Span, record: _Record, line: Mapping[str, Any]) -> None:
+def _end_span(span: Span, record: _Record, line: AccessLine) -> None:
     from opentelemetry.trace import Status, StatusCode
 
     if not span.is_recording():
         span.end()
         return
-    span.set_attributes(_attributes({k: v for k, v in line.items() if k != "event"}))
+    span.set_attributes(_attributes({k: v for k, v in line.fields().items() if k != "event"}))
     plan = record.plan
     if plan is not None:
         answered = [a for a in record.attempts if a["attempt"] > 0]
@@ -563,11 +609,11 @@ def _end_span(span: Span, record: _Record, line: Mapping[str, Any]) -> None:
                 "ncap.reserved_cost_micros": plan.reservation.cost_micros,
             }
         )
-    status = line.get("status")
-    if isinstance(status, int) and status >= 400:
-        span.set_attribute("error.type", str(line.get("error_code") or status))
-    if isinstance(status, int) and status >= 500:
-        span.set_status(Status(StatusCode.ERROR, str(line.get("error_code") or status)))
+    status = line.status
+    if status is not None and status >= 400:
+        span.set_attribute("error.type", str(line.error_code or status))
+    if status is not None and status >= 500:
+        span.set_status(Status(StatusCode.ERROR, str(line.error_code or status)))
     span.end()
 
 
