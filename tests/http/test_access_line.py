@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from ncap.http.signals import AccessLine, _line, _Record
+from ncap.http.signals import AccessLine, _Closed, _line, _Record
 
 OUTCOMES = ["completed", "stream_cut", "timeout", "rejected", "upstream_error", "denied"]
 STATES = ["settled", "pending", "usage_reconciliation_required", "denied", None]
@@ -25,7 +25,7 @@ def expected(record: _Record) -> dict[str, Any]:
         return sum(known) if known else None
 
     plan, caller = record.plan, record.caller
-    attempts = [a for a in record.attempts if a["attempt"] > 0]
+    attempts = [view(a) for a in record.attempts if a.number > 0]
     line: dict[str, Any] = {
         "event": "request",
         "request_id": record.request_id,
@@ -37,7 +37,7 @@ def expected(record: _Record) -> dict[str, Any]:
         "attempts": len(attempts),
     }
     if plan is not None:
-        denied = any(a["attempt"] == 0 for a in record.attempts)
+        denied = any(a.number == 0 for a in record.attempts)
         answered = [a for a in attempts if a["outcome"] in ("completed", "stream_cut")]
         line.update(
             model=plan.alias,
@@ -59,6 +59,19 @@ def expected(record: _Record) -> dict[str, Any]:
     return line
 
 
+def view(closed: _Closed) -> dict[str, Any]:
+    final = closed.final
+    return {
+        "route": closed.route,
+        "outcome": closed.outcome,
+        "state": final["state"],
+        "returned": final["returned_candidate_count"],
+        "input_tokens": final["input_tokens"],
+        "output_tokens": final["output_tokens_total"],
+        "cost_micros": final["cost_micros"],
+    }
+
+
 def record(rng: random.Random) -> _Record:
     rec = _Record(f"req-{rng.randrange(1000)}", 1.0, 2)
     if rng.random() < 0.9:
@@ -77,18 +90,15 @@ def record(rng: random.Random) -> _Record:
     numbers = ([0] if rng.random() < 0.15 else []) + list(range(1, count + 1))
     for number in numbers:
         maybe = lambda: rng.choice([None, 0, 1, 7, 1234])  # noqa: E731
-        rec.attempts.append(
-            {
-                "attempt": number,
-                "route": rng.choice(["primary", "fallback"]) if number else None,
-                "outcome": rng.choice(OUTCOMES),
-                "state": rng.choice(STATES),
-                "returned": maybe(),
-                "input_tokens": maybe(),
-                "output_tokens": maybe(),
-                "cost_micros": maybe(),
-            }
-        )
+        final = {
+            "state": rng.choice(STATES),
+            "returned_candidate_count": maybe(),
+            "input_tokens": maybe(),
+            "output_tokens_total": maybe(),
+            "cost_micros": maybe(),
+        }
+        route = rng.choice(["primary", "fallback"]) if number else None
+        rec.attempts.append(_Closed(number, route, rng.choice(OUTCOMES), final))
     rec.status, rec.error_code = rng.choice([(200, None), (429, "budget_exhausted"), (502, "x")])
     rec.latency_ms = round(rng.uniform(0, 900), 3)
     return rec

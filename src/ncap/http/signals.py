@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -158,7 +158,7 @@ class _Record:
     span: Span | None = None
     caller: Caller | None = None
     plan: Plan | None = None
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[_Closed] = field(default_factory=list)
     status: int | None = None
     error_code: str | None = None
     latency_ms: float | None = None
@@ -283,9 +283,13 @@ class RequestSignals:
         if record is None:
             return
         record.plan = plan
-        view = _attempt_view(plan, attempt, final, outcome)
-        record.attempts.append(view)
-        if attempt is not None and self._otel is not None:
+        if attempt is None:
+            record.attempts.append(_Closed(0, None, outcome, final))
+            return
+        closed = _Closed(attempt.number, attempt.route.id, outcome, final)
+        record.attempts.append(closed)
+        if self._otel is not None:
+            view = _attempt_view(plan, closed)
             span = record.attempt_spans.pop(attempt.number, None)
             if span is not None:
                 _end_attempt_span(span, view)
@@ -327,7 +331,7 @@ class RequestSignals:
             _end_span(record.span, record, line)
         plan = record.plan
         if plan is not None:
-            route = _answering_route(plan, [a for a in record.attempts if a["attempt"] > 0])
+            route = _answering_route(plan, [a for a in record.attempts if a.number > 0])
             attributes = _metric_attributes(plan, route, plan.alias)
             if line.status is not None and line.status >= 400:
                 attributes["error.type"] = str(line.error_code or line.status)
@@ -353,13 +357,23 @@ def _parent(otel: Telemetry, headers: Mapping[str, str]) -> Context | None:
     return set_span_in_context(NonRecordingSpan(bare))
 
 
-def _attempt_view(
-    plan: Plan, attempt: Attempt | None, final: Mapping[str, Any], outcome: str
-) -> dict[str, Any]:
+class _Closed(NamedTuple):
+    """An attempt (0: the request's denial) as its record keeps it: its final row
+    columns as the books wrote them, read when the record ends."""
+
+    number: int
+    route: str | None
+    outcome: str
+    final: Mapping[str, Any]
+
+
+def _attempt_view(plan: Plan, closed: _Closed) -> dict[str, Any]:
+    """An attempt's span attributes and token counts (telemetry only)."""
+    final = closed.final
     return {
-        "attempt": attempt.number if attempt is not None else 0,
-        "route": attempt.route.id if attempt is not None else None,
-        "outcome": outcome,
+        "attempt": closed.number,
+        "route": closed.route,
+        "outcome": closed.outcome,
         "state": final.get("state"),
         "returned": final.get("returned_candidate_count"),
         "input_tokens": final.get("input_tokens"),
@@ -416,13 +430,12 @@ def _line(record: _Record) -> AccessLine:
     """The access-log line: one pass over the attempts' views for every total (each a
     sum of the known counts, None when none is known: never a guessed zero)."""
     plan, caller = record.plan, record.caller
-    attempts: list[dict[str, Any]] = []
+    attempts: list[_Closed] = []
     denied = False
-    for view in record.attempts:
-        number = view["attempt"]
-        if number > 0:
-            attempts.append(view)
-        elif number == 0:
+    for closed in record.attempts:
+        if closed.number > 0:
+            attempts.append(closed)
+        elif closed.number == 0:
             denied = True
     if plan is None:
         return AccessLine(
@@ -437,15 +450,16 @@ def _line(record: _Record) -> AccessLine:
     returned = input_tokens = output_tokens = cost = None
     states = set()
     for a in attempts:
-        if a["outcome"] in _ANSWERED and (v := a["returned"]) is not None:
+        final = a.final
+        if a.outcome in _ANSWERED and (v := final.get("returned_candidate_count")) is not None:
             returned = v if returned is None else returned + v
-        if (v := a["input_tokens"]) is not None:
+        if (v := final.get("input_tokens")) is not None:
             input_tokens = v if input_tokens is None else input_tokens + v
-        if (v := a["output_tokens"]) is not None:
+        if (v := final.get("output_tokens_total")) is not None:
             output_tokens = v if output_tokens is None else output_tokens + v
-        if (v := a["cost_micros"]) is not None:
+        if (v := final.get("cost_micros")) is not None:
             cost = v if cost is None else cost + v
-        states.add(str(a["state"]))
+        states.add(str(final.get("state")))
     decision = plan.decision
     return AccessLine(
         request_id=record.request_id,
@@ -456,7 +470,7 @@ def _line(record: _Record) -> AccessLine:
         latency_ms=record.latency_ms,
         attempts=len(attempts),
         model=plan.alias,
-        route=attempts[-1]["route"] if attempts else plan.usable_routes[0].id,
+        route=attempts[-1].route if attempts else plan.usable_routes[0].id,
         stream=plan.stream,
         emulated=plan.emulated,
         policy_result="deny" if denied else "allow",
@@ -595,13 +609,13 @@ def _end_span(span: Span, record: _Record, line: AccessLine) -> None:
     span.set_attributes(_attributes({k: v for k, v in line.fields().items() if k != "event"}))
     plan = record.plan
     if plan is not None:
-        answered = [a for a in record.attempts if a["attempt"] > 0]
+        answered = [a for a in record.attempts if a.number > 0]
         route = _answering_route(plan, answered)
         span.update_name(f"{_operation(plan)} {plan.alias}")
         span.set_attributes(
             _gen_ai_request(plan, route.provider, plan.alias, plan.decision.effective)
         )
-        span.set_attributes(_gen_ai_usage(answered))
+        span.set_attributes(_gen_ai_usage([_attempt_view(plan, a) for a in answered]))
         span.set_attributes(
             {
                 "gen_ai.response.model": route.upstream_model or plan.alias,
@@ -617,10 +631,10 @@ def _end_span(span: Span, record: _Record, line: AccessLine) -> None:
     span.end()
 
 
-def _answering_route(plan: Plan, attempts: list[dict[str, Any]]) -> Route:
+def _answering_route(plan: Plan, attempts: list[_Closed]) -> Route:
     """The route of the last attempt (the one whose answer the client got), else the
     primary."""
-    last = attempts[-1]["route"] if attempts else None
+    last = attempts[-1].route if attempts else None
     for rt in plan.usable_routes:
         if rt.id == last:
             return rt.route
