@@ -18,11 +18,11 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec.structs import astuple
 
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
@@ -176,9 +176,12 @@ class SQLiteLedgerStore:
 
 def _ts(value: datetime) -> str:
     """``2026-11-29T10:15:00.000000Z`` (fixed width: text order is time order)."""
-    if value.tzinfo is None:
+    if value.tzinfo is UTC:  # the gateway's own clock: already UTC
+        utc = value
+    elif value.tzinfo is None:
         raise ValueError("ledger timestamps must be timezone-aware")
-    utc = value.astimezone(UTC)
+    else:
+        utc = value.astimezone(UTC)
     return f"{iso_second(utc)}.{utc.microsecond:06d}Z"  # the seconds formatted once each
 
 
@@ -194,23 +197,24 @@ def _encode(name: str, value: Any) -> Any:
     return value
 
 
-_COLUMN_VALUES = attrgetter(*LEDGER_COLUMNS)  # one C call for the whole row
-_SPECIAL = tuple(
-    (i, name)
-    for i, name in enumerate(LEDGER_COLUMNS)
-    if name in ("timestamp", "finish_reasons", "stream_mode", "output_tokens_per_choice")
+_SPECIAL_NAMES = frozenset(
+    ("timestamp", "finish_reasons", "stream_mode", "output_tokens_per_choice")
+)
+_TIMESTAMP, _FINISH_REASONS, _STREAM_MODE, _PER_CHOICE = (
+    LEDGER_COLUMNS.index(name)
+    for name in ("timestamp", "finish_reasons", "stream_mode", "output_tokens_per_choice")
 )
 
 
-_SPECIAL_NAMES = frozenset(name for _, name in _SPECIAL)
-
-
-def _encode_row(event: LedgerEvent) -> tuple[Any, ...]:
-    """The row's values in column order; only three columns need converting."""
-    row = list(_COLUMN_VALUES(event))
-    for i, name in _SPECIAL:
-        row[i] = _encode(name, row[i])
-    return tuple(row)
+def _encode_row(event: LedgerEvent) -> list[Any]:
+    """The row's values in column order (the event's fields are the columns, in order:
+    one C call copies them all); only four columns need converting."""
+    row = list(astuple(event))
+    row[_TIMESTAMP] = _ts(event.timestamp)
+    row[_FINISH_REASONS] = _json(event.finish_reasons).decode()
+    row[_STREAM_MODE] = int(bool(event.stream_mode))
+    row[_PER_CHOICE] = encode_per_choice(event.output_tokens_per_choice)
+    return row
 
 
 def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
@@ -222,7 +226,7 @@ def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
     return LedgerEvent(**values)
 
 
-def _insert(conn: sqlite3.Connection, event: LedgerEvent, row: tuple[Any, ...]) -> None:
+def _insert(conn: sqlite3.Connection, event: LedgerEvent, row: list[Any]) -> None:
     try:
         conn.execute(_INSERT, row)
     except sqlite3.IntegrityError as exc:
