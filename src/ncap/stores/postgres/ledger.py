@@ -37,10 +37,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
-from operator import attrgetter
 from typing import Any, Literal
 
 import asyncpg
+from msgspec.structs import astuple
 
 from ncap.config import LedgerDurability, Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
@@ -102,12 +102,9 @@ _INSERT_ONE = (
     + ") ON CONFLICT (request_id, attempt) DO NOTHING RETURNING 0, request_id, attempt"
 )
 _INSERT = _INSERT_ROWS.replace("RETURNING 0, ", "RETURNING ")
-# a row's values in column order in one C call; the columns ``_encode`` changes, by index
-_ROW = attrgetter(*LEDGER_COLUMNS)
-_ENCODED = tuple(
-    (i, name)
-    for i, name in enumerate(LEDGER_COLUMNS)
-    if name in ("finish_reasons", "output_tokens_per_choice", "timestamp")
+# the columns a row's values need converting in, by index
+_FINISH_REASONS, _PER_CHOICE = (
+    LEDGER_COLUMNS.index(name) for name in ("finish_reasons", "output_tokens_per_choice")
 )
 
 
@@ -562,10 +559,13 @@ def _unavailable(exc: BaseException) -> StoreUnavailable:
 
 
 def _encode_row(event: LedgerEvent) -> tuple[Any, ...]:
-    """``_encode`` of every column, in column order."""
-    row = list(_ROW(event))
-    for i, name in _ENCODED:
-        row[i] = _encode(name, row[i])
+    """``_encode`` of every column, in column order (the event's fields are the columns,
+    in order: one C call copies them all)."""
+    if event.timestamp.tzinfo is None:
+        raise ValueError("ledger timestamps must be timezone-aware")
+    row = list(astuple(event))
+    row[_FINISH_REASONS] = _JSON_SORTED(event.finish_reasons)
+    row[_PER_CHOICE] = encode_per_choice(event.output_tokens_per_choice)
     return tuple(row)
 
 
