@@ -388,33 +388,35 @@ def _attempt_view(plan: Plan, closed: _Closed) -> dict[str, Any]:
     }
 
 
-class AccessLine(msgspec.Struct, kw_only=True, gc=False):
+class AccessLine(msgspec.Struct, gc=False):
     """One request's access-log line. The fields are declared in sorted order, so the
     JSON object comes out with its keys sorted without sorting them per line; the
-    plan's fields are left out (``UNSET``) for a request refused before it had one."""
+    plan's fields are left out (``UNSET``) for a request refused before it had one.
+    Every field is given, by position (a struct built from keywords matches each name
+    against its fields, several times the cost of the line's other work)."""
 
     attempts: int
-    candidates_effective: int | UnsetType = UNSET
-    candidates_requested: int | UnsetType | None = UNSET
-    candidates_returned: int | UnsetType | None = UNSET
-    cost_micros: int | UnsetType | None = UNSET
-    emulated: bool | UnsetType = UNSET
+    candidates_effective: int | UnsetType
+    candidates_requested: int | UnsetType | None
+    candidates_returned: int | UnsetType | None
+    cost_micros: int | UnsetType | None
+    emulated: bool | UnsetType
     environment: str | None
     error_code: str | None
-    event: str = "request"
-    exception_id: str | UnsetType | None = UNSET
-    input_tokens: int | UnsetType | None = UNSET
+    event: str
+    exception_id: str | UnsetType | None
+    input_tokens: int | UnsetType | None
     latency_ms: float | None
-    model: str | UnsetType = UNSET
-    output_tokens: int | UnsetType | None = UNSET
-    policy_reason: str | UnsetType | None = UNSET
-    policy_result: str | UnsetType = UNSET
+    model: str | UnsetType
+    output_tokens: int | UnsetType | None
+    policy_reason: str | UnsetType | None
+    policy_result: str | UnsetType
     request_id: str
-    reserved_tokens: int | UnsetType = UNSET
-    route: str | UnsetType | None = UNSET
-    states: list[str] | UnsetType = UNSET
+    reserved_tokens: int | UnsetType
+    route: str | UnsetType | None
+    states: list[str] | UnsetType
     status: int | None
-    stream: bool | UnsetType = UNSET
+    stream: bool | UnsetType
     workload: str | None
 
     def fields(self) -> dict[str, Any]:
@@ -427,8 +429,8 @@ class AccessLine(msgspec.Struct, kw_only=True, gc=False):
 
 
 def _line(record: _Record) -> AccessLine:
-    """The access-log line: one pass over the attempts' views for every total (each a
-    sum of the known counts, None when none is known: never a guessed zero)."""
+    """The access-log line: one pass over the attempts for every total (each a sum of
+    the known counts, None when none is known: never a guessed zero)."""
     plan, caller = record.plan, record.caller
     attempts: list[_Closed] = []
     denied = False
@@ -437,15 +439,33 @@ def _line(record: _Record) -> AccessLine:
             attempts.append(closed)
         elif closed.number == 0:
             denied = True
+    workload = caller.workload_id if caller else None
+    environment = caller.environment if caller else None
     if plan is None:
         return AccessLine(
-            request_id=record.request_id,
-            workload=caller.workload_id if caller else None,
-            environment=caller.environment if caller else None,
-            status=record.status,
-            error_code=record.error_code,
-            latency_ms=record.latency_ms,
-            attempts=len(attempts),
+            len(attempts),  # attempts
+            UNSET,  # candidates_effective
+            UNSET,  # candidates_requested
+            UNSET,  # candidates_returned
+            UNSET,  # cost_micros
+            UNSET,  # emulated
+            environment,
+            record.error_code,
+            "request",  # event
+            UNSET,  # exception_id
+            UNSET,  # input_tokens
+            record.latency_ms,
+            UNSET,  # model
+            UNSET,  # output_tokens
+            UNSET,  # policy_reason
+            UNSET,  # policy_result
+            record.request_id,
+            UNSET,  # reserved_tokens
+            UNSET,  # route
+            UNSET,  # states
+            record.status,
+            UNSET,  # stream
+            workload,
         )
     returned = input_tokens = output_tokens = cost = None
     states = set()
@@ -462,28 +482,29 @@ def _line(record: _Record) -> AccessLine:
         states.add(str(final.get("state")))
     decision = plan.decision
     return AccessLine(
-        request_id=record.request_id,
-        workload=caller.workload_id if caller else None,
-        environment=caller.environment if caller else None,
-        status=record.status,
-        error_code=record.error_code,
-        latency_ms=record.latency_ms,
-        attempts=len(attempts),
-        model=plan.alias,
-        route=attempts[-1].route if attempts else plan.usable_routes[0].id,
-        stream=plan.stream,
-        emulated=plan.emulated,
-        policy_result="deny" if denied else "allow",
-        policy_reason=record.error_code if denied else decision.policy_reason,
-        exception_id=decision.exception_id,
-        candidates_requested=decision.requested,
-        candidates_effective=decision.effective,
-        candidates_returned=returned,
-        reserved_tokens=plan.reservation.total_tokens,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        cost_micros=cost,
-        states=sorted(states),
+        len(attempts),  # attempts
+        decision.effective,  # candidates_effective
+        decision.requested,  # candidates_requested
+        returned,  # candidates_returned
+        cost,  # cost_micros
+        plan.emulated,
+        environment,
+        record.error_code,
+        "request",  # event
+        decision.exception_id,
+        input_tokens,
+        record.latency_ms,
+        plan.alias,  # model
+        output_tokens,
+        record.error_code if denied else decision.policy_reason,  # policy_reason
+        "deny" if denied else "allow",  # policy_result
+        record.request_id,
+        plan.reservation.total_tokens,  # reserved_tokens
+        attempts[-1].route if attempts else plan.usable_routes[0].id,  # route
+        sorted(states),
+        record.status,
+        plan.stream,
+        workload,
     )
 
 
