@@ -1,6 +1,7 @@
 """The upstream HTTP transport every HTTP provider shares: one pooled HTTP/1.1 client
 (``ncap.providers.http1``, asyncio.Protocol and httptools: docs/decisions/
-upstream-http-client.md), per-attempt timeouts, and the client's exceptions converted
+upstream-http-client.md), per-attempt timeouts (``ncap.providers.deadlines``: one timer
+per route timeout, not one per attempt), and the client's exceptions converted
 to ``AttemptFailed`` in one context manager, ``mapped``, where they enter
 (``raise … from exc``).
 
@@ -36,6 +37,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from ncap.providers.base import TRACE_HEADERS, AttemptFailed, UpstreamErrorDetail
+from ncap.providers.deadlines import within
 from ncap.providers.http1 import (
     Body,
     ConnectError,
@@ -197,7 +199,7 @@ class HttpTransport:
         rid = None
         resp = None
         try:
-            async with asyncio.timeout(timeout):
+            with within(timeout):
                 # ``whole``: handed over once the body arrived (one wake-up, not one per
                 # read), unless it passes ``limit`` first
                 resp = await self._client().post(
@@ -238,11 +240,8 @@ class HttpTransport:
         # no total bound: a long stream is fine; the per-attempt timeout bounds the wait
         # for the response head and every wait for the body's next bytes (a provider may
         # hand the gaps to one ``ReadGapWatch`` per stream instead, as OpenAI's does)
-        with mapped():
-            async with asyncio.timeout(timeout):
-                resp = await self._client().post(
-                    url or self.url, data, headers=_with_trace(headers)
-                )
+        with mapped(), within(timeout):
+            resp = await self._client().post(url or self.url, data, headers=_with_trace(headers))
         resp.content.read_timeout = timeout
         try:
             if resp.status != 200:
