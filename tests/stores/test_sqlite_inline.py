@@ -344,3 +344,61 @@ async def test_a_full_writer_never_checkpoints_itself(
     threading.Timer(0.2, writer._queue.put, (work,)).start()
     assert await asyncio.to_thread(writer._next, cast(sqlite3.Connection, conn)) is work
     assert conn.statements == []  # its commits checkpoint as SQLite does by itself
+
+
+def _count_commits(writer: SQLiteWriter) -> list[int]:
+    """The size of each batch the writer commits on the loop, in order."""
+    sizes: list[int] = []
+    commit = writer._commit_here
+
+    def counted(batch: list[Any]) -> bool:
+        sizes.append(len(batch))
+        return commit(batch)
+
+    writer._commit_here = counted  # type: ignore[method-assign]
+    return sizes
+
+
+async def test_a_write_that_rides_along_joins_the_next_commit_asked_for(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    sizes = _count_commits(writer)
+    try:
+        settled = asyncio.ensure_future(writer.run(_insert(1), ride_along=True))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # two loop turns: a write asked for now would be committed
+        assert not settled.done() and sizes == []
+        await writer.run(_insert(2))  # a write a client waits for, a tick later
+        assert settled.done() and sizes == [2]  # one commit for both
+    finally:
+        await writer.close()
+    assert _rows(path) == [(1, "x"), (2, "x")]
+
+
+async def test_a_write_that_rides_along_alone_commits_after_its_bound(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    sizes = _count_commits(writer)
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        first = asyncio.ensure_future(writer.run(_insert(1), ride_along=True))
+        second = asyncio.ensure_future(writer.run(_insert(2), ride_along=True))
+        async with asyncio.timeout(2):  # never committed would hang here
+            await asyncio.gather(first, second)
+        waited = loop.time() - started
+        assert sizes == [2]  # one commit, by the one timer the first armed
+        assert plumbing.RIDE_ALONG_S * 0.9 <= waited < plumbing.RIDE_ALONG_S + 0.5
+    finally:
+        await writer.close()
+    assert _rows(path) == [(1, "x"), (2, "x")]
+
+
+async def test_closing_commits_a_write_still_riding_along(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous="NORMAL")
+    settled = asyncio.ensure_future(writer.run(_insert(1), ride_along=True))
+    await asyncio.sleep(0)
+    await writer.close()
+    assert settled.done() and settled.exception() is None
+    assert _rows(path) == [(1, "x")]

@@ -60,6 +60,8 @@ Migration = tuple[int, str]
 
 BUSY_TIMEOUT_MS = 10_000
 CHECKPOINT_EVERY_S = 1.0  # the writer thread's PASSIVE checkpoint of an inline WAL
+# the longest a write that nobody is waiting on may wait for another write's commit
+RIDE_ALONG_S = 0.005
 _STOP = object()
 
 
@@ -155,6 +157,10 @@ class SQLiteWriter:
         self._pending: list[_Job] = []  # queued in this loop tick, not yet handed over
         # the loop a hand-over is scheduled on (a loop that died first is replaced)
         self._scheduled_on: asyncio.AbstractEventLoop | None = None
+        # the hand-over of writes that ride along, when no other write asked for one,
+        # and its loop (a loop that died first is replaced)
+        self._ride_timer: asyncio.TimerHandle | None = None
+        self._ride_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._ready: Future[None] = Future()
         self._thread = threading.Thread(
@@ -165,12 +171,23 @@ class SQLiteWriter:
         self._ready.result()  # re-raises a failure to open or migrate the file
 
     async def run(
-        self, fn: Callable[[sqlite3.Connection], T], *, single_statement: bool = False
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        single_statement: bool = False,
+        ride_along: bool = False,
     ) -> T:
         """Run ``fn`` in the next group transaction; returns once that has committed.
 
         ``single_statement`` skips the savepoint: a lone statement that fails is
         already undone by SQLite without touching the rest of the batch.
+
+        ``ride_along``: nobody waits for this write on a client's behalf (a whole
+        answer's settlement, written beside the answer), so it joins the next commit
+        another write asks for, or commits on its own after ``RIDE_ALONG_S``: under
+        load a settlement shares the commit of the next requests' ``reserved`` rows
+        instead of paying one of its own (each commit writes the pages it touched to
+        the WAL again, whatever the number of rows in it).
         """
         if self._closed:
             raise RuntimeError(f"SQLite store {self.path} is closed")
@@ -178,8 +195,12 @@ class SQLiteWriter:
         job = _Job(fn, loop, loop.create_future(), single_statement)
         self._pending.append(job)
         if self._scheduled_on is not loop:
-            self._scheduled_on = loop
-            loop.call_soon(self._hand_over)
+            if not ride_along:
+                self._scheduled_on = loop
+                loop.call_soon(self._hand_over)
+            elif self._ride_timer is None or self._ride_loop is not loop:
+                self._ride_loop = loop
+                self._ride_timer = loop.call_later(RIDE_ALONG_S, self._hand_over)
         result: T = await job.future
         return result
 
@@ -187,6 +208,9 @@ class SQLiteWriter:
         """Commit everything queued in this loop tick: here when inline and nothing is
         still in the thread, else in the writer thread, in one put."""
         self._scheduled_on = None
+        if self._ride_timer is not None:
+            self._ride_timer.cancel()
+            self._ride_timer = None
         if not self._pending:
             return
         if self.inline and self._in_thread:
@@ -238,6 +262,9 @@ class SQLiteWriter:
         if self._closed:
             return
         self._closed = True
+        if self._ride_timer is not None:
+            self._ride_timer.cancel()
+            self._ride_timer = None
         if self._pending:  # last writes, in order behind any batch still in the thread
             batch, self._pending = self._pending, []
             self._to_thread(batch)

@@ -85,7 +85,9 @@ class SQLiteLedgerStore:
 
     async def update_many(self, updates: Sequence[RowUpdate]) -> None:
         """One job of the group commit for every row (in one savepoint: a row that is
-        missing undoes the others, and the caller can apply them one by one)."""
+        missing undoes the others, and the caller can apply them one by one). The
+        lifecycle settles a tick's whole answers here, beside the answers: the job rides
+        along with the next commit (``SQLiteWriter.run``)."""
         rows: list[RowUpdate] = []
         for request_id, attempt, fields in updates:
             check_update_fields(fields)
@@ -96,10 +98,13 @@ class SQLiteLedgerStore:
                     for name in special:  # the rest are stored as they are
                         fields[name] = _encode(name, fields[name])
                 rows.append((request_id, attempt, fields))
+        # the tick's settlement, beside the answers: it rides along with the next commit
         if len(rows) == 1:
-            await self._writer.run(lambda conn: _update(conn, *rows[0]), single_statement=True)
+            await self._writer.run(
+                lambda conn: _update(conn, *rows[0]), single_statement=True, ride_along=True
+            )
         elif rows:
-            await self._writer.run(lambda conn: _update_all(conn, rows))
+            await self._writer.run(lambda conn: _update_all(conn, rows), ride_along=True)
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
         sql = f"{_SELECT} WHERE request_id = ? ORDER BY attempt"
