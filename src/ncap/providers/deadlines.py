@@ -48,7 +48,9 @@ class Within:
         self.deadline = 0.0
 
     def __enter__(self) -> Within:
-        task = asyncio.current_task()
+        # the loop given: without it the lookup asks for the running loop again, which
+        # CPython 3.11 checks with a getpid() system call
+        task = asyncio.current_task(self._queue.loop)
         if task is None:
             raise RuntimeError("within() must be used inside a task")
         self._task = task
@@ -78,10 +80,10 @@ class Within:
 class _Queue:
     """The running blocks of one duration on one loop, oldest first, and the timer."""
 
-    __slots__ = ("_blocks", "_loop", "_seconds", "_timer")
+    __slots__ = ("_blocks", "_seconds", "_timer", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
-        self._loop = loop
+        self.loop = loop
         self._seconds = seconds
         self._blocks: deque[Within] = deque()
         self._timer: asyncio.TimerHandle | None = None
@@ -90,19 +92,19 @@ class _Queue:
         blocks = self._blocks
         while blocks and blocks[0]._state == _DONE:
             blocks.popleft()
-        block.deadline = self._loop.time() + self._seconds
+        block.deadline = self.loop.time() + self._seconds
         blocks.append(block)
         if self._timer is None:  # armed for the oldest running block (this one, as a rule)
-            self._timer = self._loop.call_at(blocks[0].deadline, self._fire)
+            self._timer = self.loop.call_at(blocks[0].deadline, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        blocks, now = self._blocks, self._loop.time()
+        blocks, now = self._blocks, self.loop.time()
         while blocks:
             block = blocks[0]
             if block._state == _RUNNING:
                 if block.deadline > now:
-                    self._timer = self._loop.call_at(block.deadline, self._fire)
+                    self._timer = self.loop.call_at(block.deadline, self._fire)
                     return
                 block.expire()
             blocks.popleft()
