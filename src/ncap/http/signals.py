@@ -392,8 +392,9 @@ class AccessLine(msgspec.Struct, gc=False):
     """One request's access-log line. The fields are declared in sorted order, so the
     JSON object comes out with its keys sorted without sorting them per line; the
     plan's fields are left out (``UNSET``) for a request refused before it had one.
-    Every field is given, by position (a struct built from keywords matches each name
-    against its fields, several times the cost of the line's other work)."""
+    Every field is given, by position: from keywords in another order than the
+    fields', msgspec matches each name against the fields, which cost several times
+    the line's other work."""
 
     attempts: int
     candidates_effective: int | UnsetType
