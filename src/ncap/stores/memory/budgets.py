@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
 
 from msgspec.structs import replace
 
@@ -36,6 +35,7 @@ from ncap.domain.budget import Amounts, Buckets, Usage
 from ncap.domain.events import LedgerEvent
 from ncap.stores._common import (
     Charge,
+    Held,
     TwoPhaseBudgets,
     check_actuals,
     hold_ref,
@@ -196,7 +196,7 @@ class MemoryBudgetStore(TwoPhaseBudgets):
             self._active.get(workload_id, 0),
         )
 
-    def _add(self, spent: _Spent, tokens: int, cost: int, requests: int, mode: int) -> None:
+    def _add(self, spent: Held, tokens: int, cost: int, requests: int, mode: int) -> None:
         """Add one minute's amounts (a hold's, a settlement's delta, a replayed total)
         to the workload's live buckets and to its exception's budget, window by window:
         in the same bucket it adds; a different bucket replaces the live one only for a
@@ -237,17 +237,6 @@ def _replaces(live: str, bucket: str, mode: int) -> bool:
     if not live or mode == _CREATE:
         return True
     return mode == _REPLAYED and bucket > live
-
-
-class _Spent(Protocol):
-    """What ``_add`` reads of a hold or a replayed minute's total."""
-
-    @property
-    def workload_id(self) -> str: ...
-    @property
-    def exception_id(self) -> str | None: ...
-    @property
-    def minute(self) -> str: ...
 
 
 class _LiveBuckets:
