@@ -433,41 +433,55 @@ def _line(record: _Record) -> AccessLine:
     """The access-log line: one pass over the attempts for every total (each a sum of
     the known counts, None when none is known: never a guessed zero)."""
     plan, caller = record.plan, record.caller
+    attempts, denied = _dispatched(record.attempts)
+    if plan is None:
+        return _line_without_plan(record, len(attempts))
+    returned, input_tokens, output_tokens, cost, states = _totals(attempts)
+    decision = plan.decision
+    return AccessLine(
+        len(attempts),  # attempts
+        decision.effective,  # candidates_effective
+        decision.requested,  # candidates_requested
+        returned,  # candidates_returned
+        cost,  # cost_micros
+        plan.emulated,
+        caller.environment if caller else None,
+        record.error_code,
+        "request",  # event
+        decision.exception_id,
+        input_tokens,
+        record.latency_ms,
+        plan.alias,  # model
+        output_tokens,
+        record.error_code if denied else decision.policy_reason,  # policy_reason
+        "deny" if denied else "allow",  # policy_result
+        record.request_id,
+        plan.reservation.total_tokens,  # reserved_tokens
+        attempts[-1].route if attempts else plan.usable_routes[0].id,  # route
+        states,
+        record.status,
+        plan.stream,
+        caller.workload_id if caller else None,  # workload
+    )
+
+
+def _dispatched(closed: list[_Closed]) -> tuple[list[_Closed], bool]:
+    """The dispatched attempts, and whether the request was denied (attempt 0)."""
     attempts: list[_Closed] = []
     denied = False
-    for closed in record.attempts:
-        if closed.number > 0:
-            attempts.append(closed)
-        elif closed.number == 0:
+    for attempt in closed:
+        if attempt.number > 0:
+            attempts.append(attempt)
+        elif attempt.number == 0:
             denied = True
-    workload = caller.workload_id if caller else None
-    environment = caller.environment if caller else None
-    if plan is None:
-        return AccessLine(
-            len(attempts),  # attempts
-            UNSET,  # candidates_effective
-            UNSET,  # candidates_requested
-            UNSET,  # candidates_returned
-            UNSET,  # cost_micros
-            UNSET,  # emulated
-            environment,
-            record.error_code,
-            "request",  # event
-            UNSET,  # exception_id
-            UNSET,  # input_tokens
-            record.latency_ms,
-            UNSET,  # model
-            UNSET,  # output_tokens
-            UNSET,  # policy_reason
-            UNSET,  # policy_result
-            record.request_id,
-            UNSET,  # reserved_tokens
-            UNSET,  # route
-            UNSET,  # states
-            record.status,
-            UNSET,  # stream
-            workload,
-        )
+    return attempts, denied
+
+
+def _totals(
+    attempts: list[_Closed],
+) -> tuple[int | None, int | None, int | None, int | None, list[str]]:
+    """Candidates returned, input and output tokens, cost (each None until a known
+    count arrives), and the attempts' states, sorted."""
     returned = input_tokens = output_tokens = cost = None
     states = set()
     for a in attempts:
@@ -481,31 +495,37 @@ def _line(record: _Record) -> AccessLine:
         if (v := final.get("cost_micros")) is not None:
             cost = v if cost is None else cost + v
         states.add(str(final.get("state")))
-    decision = plan.decision
+    return returned, input_tokens, output_tokens, cost, sorted(states)
+
+
+def _line_without_plan(record: _Record, attempts: int) -> AccessLine:
+    """The line of a request that ended before it had a plan: the plan's fields left
+    out (``UNSET``)."""
+    caller = record.caller
     return AccessLine(
-        len(attempts),  # attempts
-        decision.effective,  # candidates_effective
-        decision.requested,  # candidates_requested
-        returned,  # candidates_returned
-        cost,  # cost_micros
-        plan.emulated,
-        environment,
+        attempts,
+        UNSET,  # candidates_effective
+        UNSET,  # candidates_requested
+        UNSET,  # candidates_returned
+        UNSET,  # cost_micros
+        UNSET,  # emulated
+        caller.environment if caller else None,
         record.error_code,
         "request",  # event
-        decision.exception_id,
-        input_tokens,
+        UNSET,  # exception_id
+        UNSET,  # input_tokens
         record.latency_ms,
-        plan.alias,  # model
-        output_tokens,
-        record.error_code if denied else decision.policy_reason,  # policy_reason
-        "deny" if denied else "allow",  # policy_result
+        UNSET,  # model
+        UNSET,  # output_tokens
+        UNSET,  # policy_reason
+        UNSET,  # policy_result
         record.request_id,
-        plan.reservation.total_tokens,  # reserved_tokens
-        attempts[-1].route if attempts else plan.usable_routes[0].id,  # route
-        sorted(states),
+        UNSET,  # reserved_tokens
+        UNSET,  # route
+        UNSET,  # states
         record.status,
-        plan.stream,
-        workload,
+        UNSET,  # stream
+        caller.workload_id if caller else None,  # workload
     )
 
 
