@@ -36,6 +36,10 @@ def bounded_id(value: str | None) -> str | None:
     return value
 
 
+def _nothing(value: str) -> None:
+    return None
+
+
 class Redactor:
     """One route's secrets, scrubbed from upstream text before it goes anywhere."""
 
@@ -48,6 +52,12 @@ class Redactor:
         # longest first: a secret that contains another is replaced whole
         self._secrets = sorted((s for s in found if len(s) >= MIN_SECRET_LENGTH), key=len)[::-1]
         self._raw = [s.encode() for s in self._secrets]
+        # whether an id holds any secret, in one search (checked on every answer)
+        self._any_secret = (
+            re.compile("|".join(map(re.escape, self._secrets))).search
+            if self._secrets
+            else _nothing
+        )
         self._max_length = max_length
 
     def text(self, value: str) -> str:
@@ -73,7 +83,6 @@ class Redactor:
 
     def request_id(self, value: str | None) -> str | None:
         """An id that names a secret is no id: dropped, like any implausible one."""
-        value = bounded_id(value)
-        if value is None or any(s in value for s in self._secrets):
+        if value is None or _ID.fullmatch(value) is None or self._any_secret(value):
             return None
         return value

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ncap.config import Pricing
@@ -181,3 +182,43 @@ def test_estimate_counts_an_image_at_least_the_image_allowance() -> None:
 
 # the estimate against the real SmolLM2 tokenizer and chat template: tests/engine/
 # test_input_estimate.py
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"])},
+        optional={"content": _json_values, "name": st.text(max_size=10)},
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_messages)
+def test_estimate_is_each_message_counted_on_its_own(messages: list[dict[str, Any]]) -> None:
+    # the messages are measured in one encode of the list; the count must be the sum
+    # of each message's own compact JSON, image parts topped up, as the estimate says
+    expected = 16
+    for message in messages:
+        expected += 8 + len(json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode())
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    size = len(json.dumps(part, separators=(",", ":"), ensure_ascii=False).encode())
+                    expected += max(0, IMAGE_PART_TOKENS - size)
+    assert estimate_input_tokens(messages) == expected
+
+
+def test_estimate_tops_up_image_parts_among_several_messages() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    one = estimate_input_tokens([user("a"), user([image])])
+    two = estimate_input_tokens([user([image]), user("a"), user([image])])
+    assert two - one >= IMAGE_PART_TOKENS

@@ -94,21 +94,34 @@ def estimate_input_tokens(
     response_format: Mapping[str, Any] | None = None,
 ) -> int:
     """An upper bound on the prompt tokens of a chat request (see the module docstring)."""
-    total = REQUEST_OVERHEAD_TOKENS
+    total = REQUEST_OVERHEAD_TOKENS + _messages_bytes(messages)
     for message in messages:
-        total += MESSAGE_OVERHEAD_TOKENS + _message_tokens(message)
+        total += MESSAGE_OVERHEAD_TOKENS
+        if isinstance(message, Mapping) and isinstance(message.get("content"), list):
+            total += _image_top_up(message)
     for extra in (tools, functions, response_format):
         if extra:
             total += _json_bytes(extra)
     return total
 
 
-def _message_tokens(message: Mapping[str, Any]) -> int:
-    """Bytes of the message, each image part topped up to the image allowance."""
-    top_up = sum(
+def _messages_bytes(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The sum of each message's compact JSON length, from one encode of the list: its
+    brackets and the commas between messages are all it adds."""
+    if not messages:
+        return 0
+    try:
+        return len(msgspec.json.encode(messages)) - len(messages) - 1
+    except (TypeError, msgspec.EncodeError):
+        return sum(_json_bytes(message) for message in messages)
+
+
+def _image_top_up(message: Mapping[str, Any]) -> int:
+    """What the message's image parts count beyond their bytes: each at least the
+    image allowance."""
+    return sum(
         max(0, IMAGE_PART_TOKENS - _json_bytes(p)) for p in _image_parts(message.get("content"))
     )
-    return _json_bytes(message) + top_up
 
 
 def _image_parts(content: Any) -> Iterable[Any]:

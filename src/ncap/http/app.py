@@ -151,8 +151,20 @@ def _http_exception(exc: web.HTTPException) -> web.Response:
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
+_LOOPBACK_SEEN: dict[str, bool] = {}  # Host headers already classified (at most 64)
+
+
 def _loopback_host(value: str) -> bool:
     """``value`` (a Host header, or an origin's host[:port]) names this machine."""
+    seen = _LOOPBACK_SEEN.get(value)
+    if seen is None:
+        seen = _classify_host(value)
+        if len(_LOOPBACK_SEEN) < 64:
+            _LOOPBACK_SEEN[value] = seen
+    return seen
+
+
+def _classify_host(value: str) -> bool:
     host = value.strip().lower()
     if host.startswith("["):  # [::1]:8080
         host = host[1 : host.find("]")] if "]" in host else host
@@ -172,11 +184,16 @@ def _keyless_refusal(request: web.Request) -> str | None:
     (``text/plain``, no preflight) or, by DNS rebinding, a same-origin one under
     another host name. So: a JSON body, a loopback ``Host``, and no ``Origin`` but a
     loopback one."""
-    if request.method == "POST" and request.content_type != "application/json":
+    headers = request.headers
+    if (
+        request.method == "POST"
+        and headers.get("Content-Type") != "application/json"  # as the SDKs send it
+        and request.content_type != "application/json"  # with parameters, in any case
+    ):
         return "Keyless mode only serves requests with Content-Type: application/json."
-    if not _loopback_host(request.headers.get("Host", "")):
+    if not _loopback_host(headers.get("Host", "")):
         return "Keyless mode only serves requests addressed to a loopback host."
-    origin = request.headers.get("Origin")
+    origin = headers.get("Origin")
     if origin is not None:
         scheme, _, rest = origin.partition("://")
         if scheme not in ("http", "https") or not _loopback_host(rest.rstrip("/")):

@@ -61,9 +61,16 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     the client's error."""
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    if request.content.is_eof():
-        # the whole body came with the head (the usual case): nothing left to wait for
-        raw = await read_limited(request, limit)
+    content = request.content
+    if content.is_eof():
+        # the whole body came with the head (the usual case): taken as it is, without
+        # awaiting reads that cannot wait
+        try:
+            raw = content.read_nowait(-1)
+        except (ClientPayloadError, HttpProcessingError, ConnectionError):
+            raise InvalidRequest("The request body was incomplete or malformed.") from None
+        if len(raw) > limit:
+            raw = None
     else:
         async with body_deadline(timeout_s):
             raw = await read_limited(request, limit)

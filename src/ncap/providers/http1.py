@@ -35,6 +35,7 @@ with its connection: a half-read connection never returns to the pool.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import sys
 import zlib
@@ -171,6 +172,17 @@ class Body:
     def at_eof(self) -> bool:
         """The body was read to its end (nothing buffered, nothing more to come)."""
         return self._eof and not self._chunks
+
+    def whole(self) -> bytes | None:
+        """The whole body when it has all arrived undecoded and unread (a ``whole``
+        request's answer, usually): taken at once, no read awaited; else None."""
+        if not self._eof or self._exc is not None or self._decoder is not None or self._paused:
+            return None
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._size = 0
+        return data
 
     async def readany(self) -> bytes:
         """The next bytes of the body (decoded), ``b""`` at its end."""
@@ -717,10 +729,15 @@ class _Target:
         self.prefix = f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
 
 
+# what a header's name, or its value, may not hold
+_BAD_NAME = re.compile("[\r\n:\0 ]").search
+_BAD_VALUE = re.compile("[\r\n\0]").search
+
+
 def _header_lines(headers: Mapping[str, str]) -> bytes:
     lines = []
     for name, value in headers.items():
-        if not name or any(c in name for c in "\r\n:\0 ") or any(c in value for c in "\r\n\0"):
+        if not name or _BAD_NAME(name) or _BAD_VALUE(value):
             raise ValueError(f"a header that cannot be sent: {name!r}")
         lines.append(f"{name}: {value}\r\n")
     return "".join(lines).encode("utf-8")

@@ -209,7 +209,11 @@ class HttpTransport:
                 # keeps it on its failure, so the held attempt can be reconciled
                 rid = self.request_id(resp.headers)
                 if resp.status == 200:
-                    payload = await _read(resp, limit)
+                    payload = resp.content.whole()
+                    if payload is None:
+                        payload = await _read(resp, limit)
+                    elif len(payload) > limit:
+                        raise oversized(limit)
                 else:
                     payload = await _read(resp, _MAX_ERROR_BODY, cut=True)
         except BaseException as exc:
