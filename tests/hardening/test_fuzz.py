@@ -93,6 +93,13 @@ def test_schemathesis(case: Any, hgw: ServerThread, session: requests.Session) -
     COUNTS[f"schemathesis {case.meta.generation.mode.value}"] += 1
     COUNTS[f"schemathesis {case.operation.method.upper()} {case.operation.path}"] += 1
     content_type = (response.headers.get("content-type") or [""])[0]
+    if response.status_code == 400 and content_type.startswith("text/plain"):
+        # aiohttp's HTTP parser refused the request before it reached the application
+        # (a generated case that sends both Content-Length and Transfer-Encoding, which
+        # it answers in HTTP/1.0, closing the connection): the known limitation of
+        # ``_refused_by_http_parser``; the application never answers in plain text
+        COUNTS["schemathesis refused by the HTTP parser"] += 1
+        return
     check_answer(response.status_code, content_type, response.content)
     has_body = case.operation.path in BODY_PATHS
     if has_body and case.meta.generation.mode is GenerationMode.NEGATIVE and case.body is not None:

@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 import pydantic
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ncap.auth import hash_key
 from ncap.config import ID_PATTERN, LABEL_PATTERN, Config, ExceptionGrant, KeyEntry
@@ -138,11 +139,17 @@ class GrantsSync:
 GRANTS_SYNC = web.AppKey("grants_sync", GrantsSync)
 
 
-def add_admin_routes(app: web.Application, config: Config) -> None:
-    """Every route of ``ADMIN_ROUTES`` (the table ``/openapi.json`` describes too)."""
+def add_admin_routes(
+    app: web.Application,
+    config: Config,
+    *,
+    guard: Callable[[Handler], Handler] = lambda handler: handler,
+) -> None:
+    """Every route of ``ADMIN_ROUTES`` (the table ``/openapi.json`` describes too);
+    ``guard`` wraps each handler (the app's error envelope)."""
     app[_ADMIN_CONFIG] = config
     for route in ADMIN_ROUTES:
-        app.router.add_route(route.method.upper(), route.path, route.handler)
+        app.router.add_route(route.method.upper(), route.path, guard(route.handler))
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from jinja2 import Environment, select_autoescape
 
 from ncap.config import Config, parse_duration, utcnow
@@ -224,10 +225,15 @@ def admin_key_from_env(config: Config) -> str | None:
 
 
 def add_dashboard_routes(
-    app: web.Application, config: Config, stores: Stores, sessions: Sessions | None = None
+    app: web.Application,
+    config: Config,
+    stores: Stores,
+    sessions: Sessions | None = None,
+    *,
+    guard: Callable[[Handler], Handler] = lambda handler: handler,
 ) -> None:
     """Register ``/dashboard`` (page, sign-in, sign-out, JSON) on ``app``, reading the
-    ledger of ``stores``."""
+    ledger of ``stores``; ``guard`` wraps each handler (the app's error envelope)."""
     key = admin_key_from_env(config)
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     throttle = AuthThrottle(config.server.admin_auth_failures_per_minute)
@@ -240,10 +246,10 @@ def add_dashboard_routes(
         login=env.from_string(_LOGIN),
     )
     app[_STORES] = stores
-    app.router.add_get(DASHBOARD_PATH, page)
-    app.router.add_post(f"{DASHBOARD_PATH}/login", login)
-    app.router.add_post(f"{DASHBOARD_PATH}/logout", logout)
-    app.router.add_get(f"{DASHBOARD_PATH}/report.json", report_json)
+    app.router.add_get(DASHBOARD_PATH, guard(page))
+    app.router.add_post(f"{DASHBOARD_PATH}/login", guard(login))
+    app.router.add_post(f"{DASHBOARD_PATH}/logout", guard(logout))
+    app.router.add_get(f"{DASHBOARD_PATH}/report.json", guard(report_json))
     app.on_startup.append(_index_ledger)  # after the stores opened (cleanup_ctx runs first)
 
 

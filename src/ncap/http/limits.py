@@ -62,6 +62,7 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
     content = request.content
+    raw: bytes | None
     if content.is_eof():
         # the whole body came with the head (the usual case): taken as it is, without
         # awaiting reads that cannot wait

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ncap import __version__
 from ncap.http.admin import ADMIN_ROUTES, AdminRoute
@@ -151,15 +152,19 @@ def _admin_operation(route: AdminRoute, components: dict[str, Any]) -> dict[str,
 
 
 def add_openapi_route(
-    app: web.Application, guard: Callable[[web.Request], None] | None = None
+    app: web.Application,
+    check: Callable[[web.Request], None] | None = None,
+    *,
+    guard: Callable[[Handler], Handler] = lambda handler: handler,
 ) -> None:
     """``GET /openapi.json``: it describes the API (route and alias names included);
-    ``guard`` raises for a request that may not read it (``server.operations_key_env``)."""
+    ``check`` raises for a request that may not read it (``server.operations_key_env``);
+    ``guard`` wraps the handler (the app's error envelope)."""
     body = msgspec.json.encode(openapi_document())
 
-    async def handler(request: web.Request) -> web.Response:
-        if guard is not None:
-            guard(request)
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if check is not None:
+            check(request)
         return web.Response(body=body, content_type="application/json")
 
-    app.router.add_get("/openapi.json", handler)
+    app.router.add_get("/openapi.json", guard(handler))
