@@ -23,7 +23,7 @@ import msgspec
 from aiohttp import web
 
 from ncap.auth import hash_key
-from ncap.config import Config, Route
+from ncap.config import Config, Limits, Route
 from ncap.domain.grants import Grants, key_id
 from ncap.errors import (
     ConfigError,
@@ -235,12 +235,11 @@ def _keyless_refusal(request: web.Request) -> str | None:
     return None
 
 
-def _authenticate(request: web.Request, retries: int | None = None) -> Caller:
+def _authenticate(request: web.Request, grants: Grants, retries: int | None = None) -> Caller:
     """The caller of a key in force (config's and admin-made, minus revoked ones);
     while no key was ever set, every request is workload ``default``, if it is one a
     local program sent (``_keyless_refusal``). ``retries``: the client's own retry
     number, recorded with the caller (built once, not copied to add it)."""
-    grants = request.app[GRANTS]
     if not grants.keys_required:
         refusal = _keyless_refusal(request)
         if refusal is not None:
@@ -262,47 +261,59 @@ def _authenticate(request: web.Request, retries: int | None = None) -> Caller:
     raise InvalidApiKey("Incorrect API key provided.")
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _completion(request, "chat")
+class Completions:
+    """The completion endpoints (``chat``, and ``legacy`` for ``/v1/completions``), with
+    the app's parts every request uses resolved once, when the routes are added: each
+    ``request.app[...]`` is a Python call into aiohttp's ``Application``."""
 
+    def __init__(self, app: web.Application) -> None:
+        self._ids = app[REQUEST_IDS]
+        self._signals = app[SIGNALS]
+        self._grants = app[GRANTS]
+        self._in_flight = app[IN_FLIGHT]
+        self._limits = app[CONFIG].limits
+        self._gateway = app[GATEWAY]
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    """The legacy ``/v1/completions`` (``n`` and ``best_of``), through the same lifecycle."""
-    return await _completion(request, "completions")
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
 
+    async def legacy(self, request: web.Request) -> web.StreamResponse:
+        """The legacy ``/v1/completions`` (``n`` and ``best_of``), through the same
+        lifecycle."""
+        return await self._serve(request, "completions")
 
-async def _completion(request: web.Request, kind: RequestKind) -> web.StreamResponse:
-    app = request.app
-    request_id = app[REQUEST_IDS].next()
-    request[REQUEST_ID] = request_id
-    signals = app[SIGNALS]
-    signals.begin(request_id, request.headers)
-    try:
-        retries = _client_retry_count(request.headers.get("x-stainless-retry-count"))
-        caller = _authenticate(request, retries)
-        signals.caller(request_id, caller)
-        in_flight = app[IN_FLIGHT]
-        in_flight.enter()
+    async def _serve(self, request: web.Request, kind: RequestKind) -> web.StreamResponse:
+        request_id = self._ids.next()
+        request[REQUEST_ID] = request_id
+        signals = self._signals
+        headers = request.headers
+        signals.begin(request_id, headers)
         try:
-            limits = app[CONFIG].limits
-            raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
-            gateway = app[GATEWAY]
-            if kind == "chat":
-                key = request.headers.get("Idempotency-Key")
-                reply = await gateway.chat(raw, caller, request_id, idempotency_key=key)
-            else:
-                reply = await gateway.completions(raw, caller, request_id)
-            return await _write(request, reply, request_id)
-        finally:
-            in_flight.leave()
-    except BaseException as exc:
-        signals.responded(request_id, *_status_of(exc))
-        signals.end(request_id)  # a no-op when the answer already ended it
-        raise
+            retries = _client_retry_count(headers.get("x-stainless-retry-count"))
+            caller = _authenticate(request, self._grants, retries)
+            signals.caller(request_id, caller)
+            in_flight = self._in_flight
+            in_flight.enter()
+            try:
+                limits = self._limits
+                raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+                gateway = self._gateway
+                if kind == "chat":
+                    key = headers.get("Idempotency-Key")
+                    reply = await gateway.chat(raw, caller, request_id, idempotency_key=key)
+                else:
+                    reply = await gateway.completions(raw, caller, request_id)
+                return await _write(request, reply, request_id, signals, limits)
+            finally:
+                in_flight.leave()
+        except BaseException as exc:
+            signals.responded(request_id, *_status_of(exc))
+            signals.end(request_id)  # a no-op when the answer already ended it
+            raise
 
 
 def _status_of(exc: BaseException) -> tuple[int, str | None]:
-    """The status and code the client gets for ``exc`` (what the error middleware sends)."""
+    """The status and code the client gets for ``exc`` (what ``guarded`` answers)."""
     if isinstance(exc, NcapError):
         return exc.status, str(exc.code)
     if isinstance(exc, web.HTTPException):
@@ -321,15 +332,19 @@ def _client_retry_count(header: str | None) -> int | None:
     return value if value < 2**31 else None
 
 
-async def _write(request: web.Request, reply: Reply, request_id: str) -> web.StreamResponse:
+async def _write(
+    request: web.Request, reply: Reply, request_id: str, signals: RequestSignals, limits: Limits
+) -> web.StreamResponse:
     reply.headers["x-request-id"] = request_id
+    signals.responded(request_id, reply.status)
     if reply.stream is None:
-        return await _write_body(request, reply)
+        # a whole answer whose settlement the lifecycle runs beside it (``settling``)
+        # has its record ended by the settlement service, once its tokens are known
+        if not reply.settling:
+            signals.end(request_id)
+        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
     stream = reply.stream
-    signals = request.app[SIGNALS]
-    signals.responded(request_id, reply.status)
-    limits = request.app[CONFIG].limits
     try:
         # the stream is started before anything can fail, so that closing it always
         # runs its settlement and closes the upstream (its first event is already here)
@@ -344,18 +359,8 @@ async def _write(request: web.Request, reply: Reply, request_id: str) -> web.Str
     return response
 
 
-async def _write_body(request: web.Request, reply: Reply) -> web.StreamResponse:
-    """A whole answer whose settlement the lifecycle runs beside it (``settling``) has
-    its record ended by the settlement service, once its tokens are known."""
-    signals, request_id = request.app[SIGNALS], request[REQUEST_ID]
-    signals.responded(request_id, reply.status)
-    if not reply.settling:
-        signals.end(request_id)
-    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-
 async def list_models(request: web.Request) -> web.Response:
-    caller = _authenticate(request)
+    caller = _authenticate(request, request.app[GRANTS])
     created = int(time.time())
     data = [
         {"id": alias, "object": "model", "created": created, "owned_by": "ncap"}
@@ -509,8 +514,9 @@ def _sessions(store: AdminStore, sync: GrantsSync, grants: Grants) -> Sessions:
 def _add_routes(app: web.Application, config: Config, stores: Stores, sessions: Sessions) -> None:
     """Every API endpoint (README.md, docs/operations.md), the dashboard, the admin API and
     the OpenAPI document."""
-    app.router.add_post("/v1/chat/completions", guarded(chat_completions))
-    app.router.add_post("/v1/completions", guarded(completions))
+    completions = Completions(app)
+    app.router.add_post("/v1/chat/completions", guarded(completions.chat))
+    app.router.add_post("/v1/completions", guarded(completions.legacy))
     app.router.add_get("/v1/models", guarded(list_models))
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/readyz", guarded(readyz))

@@ -412,7 +412,7 @@ async def logout(request: web.Request) -> web.Response:
 
 
 def _see_other() -> web.Response:
-    """A plain 303 (an ``HTTPException`` would become JSON in the error middleware)."""
+    """A plain 303 (an ``HTTPException`` would become JSON in the route guard)."""
     return web.Response(status=303, headers={**_HEADERS, "Location": DASHBOARD_PATH})
 
 

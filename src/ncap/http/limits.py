@@ -104,7 +104,7 @@ async def read_limited(request: web.Request, limit: int) -> bytes | None:
 @asynccontextmanager
 async def body_deadline(timeout_s: float) -> AsyncIterator[None]:
     """The body read inside must finish within ``timeout_s``, else 408 ``request_timeout``
-    (the error middleware then closes the connection)."""
+    (the route guard then closes the connection)."""
     try:
         async with asyncio.timeout(timeout_s):
             yield
