@@ -312,6 +312,7 @@ JSON = {"Content-Type": "application/json"}
     [
         {"Content-Type": "text/plain"},  # a cross-site "simple" request: no preflight
         {"Content-Type": "application/x-www-form-urlencoded"},
+        {"Content-Type": "text/plain; charset=application/json"},  # JSON only in a parameter
         {},  # no content type at all
         {**JSON, "Host": "rebound.attacker.example"},  # DNS rebinding to 127.0.0.1
         {**JSON, "Host": "127.0.0.1.attacker.example:8080"},
@@ -322,6 +323,7 @@ JSON = {"Content-Type": "application/json"}
     ids=[
         "text-plain",
         "form",
+        "json-parameter",
         "no-type",
         "rebound-host",
         "lookalike-host",
@@ -361,7 +363,13 @@ def test_keyless_mode_serves_local_programs_and_pages(
             content=BODY,
             headers={**JSON, "Host": f"127.0.0.2:{gw.port}"},
         )
-    assert (r.status_code, local.status_code, alias.status_code) == (200, 200, 200), r.text
+        with_charset = httpx.post(  # a JSON body's media type with parameters, any case
+            gw.url + "/v1/chat/completions",
+            content=BODY,
+            headers={"Content-Type": "Application/JSON; charset=utf-8"},
+        )
+    statuses = (r.status_code, local.status_code, alias.status_code, with_charset.status_code)
+    assert statuses == (200, 200, 200, 200), r.text
 
 
 def _export(config: Any, tmp: Path) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -164,7 +166,34 @@ def test_bad_bodies_are_400_envelopes(gw: Any, body: bytes) -> None:
 def test_oversized_body_is_413(fake: tuple[str, FakeState], tmp_path: Path) -> None:
     config = gateway_config(fake[0], tmp_path, limits={"max_body_bytes": 2048})
     big = {**BODY, "messages": [{"role": "user", "content": "x" * 5000}]}
+    raw = json.dumps(big).encode()
     with gateway(config) as gw:
         r = httpx.post(gw.url + "/v1/chat/completions", json=big, timeout=10)
+        # without a length: chunked, in one chunk and in several (here the body has
+        # arrived whole when the handler reads it, so no read waits for it)
+        one = _raw_post(gw.port, _chunked([raw]))
+        parts = _raw_post(gw.port, _chunked([raw[i : i + 1000] for i in range(0, len(raw), 1000)]))
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "request_too_large"
+    for answer in (one, parts):
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b'"code":"request_too_large"' in answer
+
+
+def _chunked(parts: list[bytes]) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    return head + body
+
+
+def _raw_post(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
