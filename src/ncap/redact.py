@@ -83,6 +83,7 @@ class Redactor:
 
     def request_id(self, value: str | None) -> str | None:
         """An id that names a secret is no id: dropped, like any implausible one."""
-        if value is None or _ID.fullmatch(value) is None or self._any_secret(value):
+        value = bounded_id(value)
+        if value is None or self._any_secret(value):
             return None
         return value

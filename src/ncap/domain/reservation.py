@@ -97,7 +97,7 @@ def estimate_input_tokens(
     total = REQUEST_OVERHEAD_TOKENS + _messages_bytes(messages)
     for message in messages:
         total += MESSAGE_OVERHEAD_TOKENS
-        if isinstance(message, Mapping) and isinstance(message.get("content"), list):
+        if isinstance(message.get("content"), list):
             total += _image_top_up(message)
     for extra in (tools, functions, response_format):
         if extra:

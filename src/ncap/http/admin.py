@@ -143,7 +143,7 @@ def add_admin_routes(
     app: web.Application,
     config: Config,
     *,
-    guard: Callable[[Handler], Handler] = lambda handler: handler,
+    guard: Callable[[Handler], Handler],
 ) -> None:
     """Every route of ``ADMIN_ROUTES`` (the table ``/openapi.json`` describes too);
     ``guard`` wraps each handler (the app's error envelope)."""

@@ -230,7 +230,7 @@ def add_dashboard_routes(
     stores: Stores,
     sessions: Sessions | None = None,
     *,
-    guard: Callable[[Handler], Handler] = lambda handler: handler,
+    guard: Callable[[Handler], Handler],
 ) -> None:
     """Register ``/dashboard`` (page, sign-in, sign-out, JSON) on ``app``, reading the
     ledger of ``stores``; ``guard`` wraps each handler (the app's error envelope)."""

@@ -45,6 +45,12 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+# what a body read raises when the client's body is cut short or malformed
+_CUT_SHORT = (ClientPayloadError, HttpProcessingError, ConnectionError)
+
+
+def _incomplete() -> InvalidRequest:
+    return InvalidRequest("The request body was incomplete or malformed.")
 
 
 def handler_limits(limits: Limits) -> dict[str, Any]:
@@ -68,8 +74,8 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
         # awaiting reads that cannot wait
         try:
             raw = content.read_nowait(-1)
-        except (ClientPayloadError, HttpProcessingError, ConnectionError):
-            raise InvalidRequest("The request body was incomplete or malformed.") from None
+        except _CUT_SHORT:
+            raise _incomplete() from None
         if len(raw) > limit:
             raw = None
     else:
@@ -91,8 +97,8 @@ async def read_limited(request: web.Request, limit: int) -> bytes | None:
     while True:
         try:
             part = await request.content.read(limit + 1 - size)
-        except (ClientPayloadError, HttpProcessingError, ConnectionError):
-            raise InvalidRequest("The request body was incomplete or malformed.") from None
+        except _CUT_SHORT:
+            raise _incomplete() from None
         if not part:
             return b"".join(parts)
         size += len(part)

@@ -155,7 +155,7 @@ def add_openapi_route(
     app: web.Application,
     check: Callable[[web.Request], None] | None = None,
     *,
-    guard: Callable[[Handler], Handler] = lambda handler: handler,
+    guard: Callable[[Handler], Handler],
 ) -> None:
     """``GET /openapi.json``: it describes the API (route and alias names included);
     ``check`` raises for a request that may not read it (``server.operations_key_env``);
