@@ -39,7 +39,7 @@ from ncap.http.alerts import BudgetAlerter, Webhook
 from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.inflight import InFlightLimit
-from ncap.http.limits import handler_limits, read_body, write_stream
+from ncap.http.limits import body_at_hand, handler_limits, read_body, write_stream
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.http.openapi import add_openapi_route
@@ -274,13 +274,14 @@ class Completions:
         self._limits = app[CONFIG].limits
         self._gateway = app[GATEWAY]
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "chat")
+    def chat(self, request: web.Request) -> Awaitable[web.StreamResponse]:
+        # the request's coroutine itself, not one awaiting it: the route's guard awaits
+        return self._serve(request, "chat")
 
-    async def legacy(self, request: web.Request) -> web.StreamResponse:
+    def legacy(self, request: web.Request) -> Awaitable[web.StreamResponse]:
         """The legacy ``/v1/completions`` (``n`` and ``best_of``), through the same
         lifecycle."""
-        return await self._serve(request, "completions")
+        return self._serve(request, "completions")
 
     async def _serve(self, request: web.Request, kind: RequestKind) -> web.StreamResponse:
         request_id = self._ids.next()
@@ -296,14 +297,19 @@ class Completions:
             in_flight.enter()
             try:
                 limits = self._limits
-                raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+                raw = body_at_hand(request, limits.max_body_bytes)
+                if raw is None:  # more of it is to come
+                    raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
                 gateway = self._gateway
                 if kind == "chat":
                     key = headers.get("Idempotency-Key")
                     reply = await gateway.chat(raw, caller, request_id, idempotency_key=key)
                 else:
                     reply = await gateway.completions(raw, caller, request_id)
-                return await _write(request, reply, request_id, signals, limits)
+                stream = reply.stream
+                if stream is None:
+                    return _whole(reply, request_id, signals)
+                return await _write_stream(request, reply, stream, request_id, signals, limits)
             finally:
                 in_flight.leave()
         except BaseException as exc:
@@ -332,19 +338,27 @@ def _client_retry_count(header: str | None) -> int | None:
     return value if value < 2**31 else None
 
 
-async def _write(
-    request: web.Request, reply: Reply, request_id: str, signals: RequestSignals, limits: Limits
+def _whole(reply: Reply, request_id: str, signals: RequestSignals) -> web.Response:
+    """A whole answer. One whose settlement the lifecycle runs beside it (``settling``)
+    has its record ended by the settlement service, once its tokens are known."""
+    reply.headers["x-request-id"] = request_id
+    signals.responded(request_id, reply.status)
+    if not reply.settling:
+        signals.end(request_id)
+    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+
+async def _write_stream(
+    request: web.Request,
+    reply: Reply,
+    stream: AsyncIterator[bytes],
+    request_id: str,
+    signals: RequestSignals,
+    limits: Limits,
 ) -> web.StreamResponse:
     reply.headers["x-request-id"] = request_id
     signals.responded(request_id, reply.status)
-    if reply.stream is None:
-        # a whole answer whose settlement the lifecycle runs beside it (``settling``)
-        # has its record ended by the settlement service, once its tokens are known
-        if not reply.settling:
-            signals.end(request_id)
-        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
     response = web.StreamResponse(status=reply.status, headers=reply.headers)
-    stream = reply.stream
     try:
         # the stream is started before anything can fail, so that closing it always
         # runs its settlement and closes the upstream (its first event is already here)

@@ -37,6 +37,7 @@ from ncap.errors import BodyTooLarge, InvalidRequest, RequestTimeout
 
 __all__ = [
     "StallWatch",
+    "body_at_hand",
     "body_deadline",
     "handler_limits",
     "read_body",
@@ -62,28 +63,39 @@ def handler_limits(limits: Limits) -> dict[str, Any]:
     }
 
 
+def body_at_hand(request: web.Request, limit: int) -> bytes | None:
+    """The whole body when it came with the head (the usual case), taken as it is
+    without awaiting reads that cannot wait; None while more of it is to come. A body
+    over ``limit`` or cut short raises as ``read_body`` does."""
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)
+    content = request.content
+    if not content.is_eof():
+        return None
+    try:
+        raw = content.read_nowait(-1)
+    except _CUT_SHORT:
+        raise _incomplete() from None
+    if len(raw) > limit:
+        raise _too_large(limit)
+    return raw
+
+
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
     """The whole body, at most ``limit`` bytes, within ``timeout_s``; a body cut short is
     the client's error."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
-    content = request.content
-    raw: bytes | None
-    if content.is_eof():
-        # the whole body came with the head (the usual case): taken as it is, without
-        # awaiting reads that cannot wait
-        try:
-            raw = content.read_nowait(-1)
-        except _CUT_SHORT:
-            raise _incomplete() from None
-        if len(raw) > limit:
-            raw = None
-    else:
-        async with body_deadline(timeout_s):
-            raw = await read_limited(request, limit)
+    raw = body_at_hand(request, limit)
+    if raw is not None:
+        return raw
+    async with body_deadline(timeout_s):
+        raw = await read_limited(request, limit)
     if raw is None:
-        raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
+        raise _too_large(limit)
     return raw
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"The request body is larger than {limit} bytes.")
 
 
 async def read_limited(request: web.Request, limit: int) -> bytes | None:

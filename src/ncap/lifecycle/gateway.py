@@ -85,29 +85,37 @@ class Gateway:
         workload = self.config.workloads[caller.workload_id]
         return [alias for alias in self.config.models if workload.allows_model(alias)]
 
-    async def chat(
+    def chat(
         self, raw: bytes, caller: Caller, request_id: str, *, idempotency_key: str | None = None
-    ) -> Reply:
-        body, request = await self._parse(raw, caller, request_id, parse_chat_request)
+    ) -> Awaitable[Reply]:
+        """The request's lifecycle, as the coroutine to await. The body is parsed now: a
+        body refused outright raises here, before anything is awaited."""
+        parsed = self._parse(raw, caller, request_id, parse_chat_request)
+        if not isinstance(parsed, tuple):
+            return parsed
+        body, request = parsed
         chain = self._chain(request.model, caller)
         if idempotency_key is None or self._idempotency is None:
-            return await self._serve(request_id, caller, request, body, chain)
+            return self._serve(request_id, caller, request, body, chain)
         n = request.n if isinstance(request.n, int) else None
         stream = request.stream is True
         req = IdempotentRequest(
             idempotency_key, raw, caller, request_id, request.model, chain[0], stream, n
         )
-        return await self._idempotency.run(
+        return self._idempotency.run(
             req, lambda: self._serve(request_id, caller, request, body, chain)
         )
 
-    async def completions(self, raw: bytes, caller: Caller, request_id: str) -> Reply:
+    def completions(self, raw: bytes, caller: Caller, request_id: str) -> Awaitable[Reply]:
         """The legacy ``/v1/completions``: the same lifecycle, with ``best_of`` as the
         candidate count (``ncap.lifecycle.admit``), on routes that serve the endpoint."""
-        body, request = await self._parse(raw, caller, request_id, parse_completion_request)
+        parsed = self._parse(raw, caller, request_id, parse_completion_request)
+        if not isinstance(parsed, tuple):
+            return parsed
+        body, request = parsed
         _one_prompt(request)
         chain = _legacy_routes(self._chain(request.model, caller))
-        return await self._serve(request_id, caller, request, body, chain)
+        return self._serve(request_id, caller, request, body, chain)
 
     async def _serve(
         self,
@@ -126,26 +134,32 @@ class Gateway:
                 exc.request_headers = plan.headers(plan.usable_routes[0].id)
             raise
 
-    async def _parse(
+    def _parse(
         self,
         raw: bytes,
         caller: Caller,
         request_id: str,
         parse: Callable[..., tuple[dict[str, Any], _Req]],
-    ) -> tuple[dict[str, Any], _Req]:
-        """The validated body (chat or legacy); a refused multi-candidate field is also
-        a denial row."""
+    ) -> tuple[dict[str, Any], _Req] | Awaitable[Reply]:
+        """The validated body (chat or legacy). A refused multi-candidate field is also
+        a denial row: then the coroutine that records it and raises the refusal."""
         try:
             body, request = parse(raw, extra_fields=self._extra_fields)
         except UnknownParameter as exc:
             if exc.param in MULTI_CANDIDATE_FIELDS:
-                body = msgspec.json.decode(raw)  # decoded once already: a JSON object
-                chain = self._allowed_chain(body.get("model"), caller)
-                await self.accounting.deny_field(request_id, caller, body, exc.param, chain)
+                return self._refuse_field(exc, exc.param, raw, caller, request_id)
             raise
         if isinstance(request, ChatCompletionRequest):  # a legacy prompt has no messages
             check_message_count(request.messages, self.config.limits.max_messages)
         return body, request
+
+    async def _refuse_field(
+        self, exc: UnknownParameter, field: str, raw: bytes, caller: Caller, request_id: str
+    ) -> Reply:
+        body = msgspec.json.decode(raw)  # decoded once already: a JSON object
+        chain = self._allowed_chain(body.get("model"), caller)
+        await self.accounting.deny_field(request_id, caller, body, field, chain)
+        raise exc
 
     def _allowed_chain(self, model: object, caller: Caller) -> list[RouteRuntime]:
         """The alias's chain when the caller may use it, else none (nothing recorded)."""
@@ -156,16 +170,17 @@ class Gateway:
         except ModelNotFound:
             return []
 
-    async def _dispatch(self, plan: Plan, holds: Holds, body: dict[str, Any]) -> Reply:
+    def _dispatch(self, plan: Plan, holds: Holds, body: dict[str, Any]) -> Awaitable[Reply]:
+        """The path's coroutine, which the caller awaits (no coroutine of its own)."""
         if plan.emulated:
             rt = plan.usable_routes[0]
             routed = self._routed(plan, body, rt)
             branch = {f: v for f, v in routed.items() if f not in _CANDIDATE_FIELDS}
             fan_out = self._fan_out.stream if plan.stream else self._fan_out.complete
-            return await fan_out(plan, holds, branch, rt)
+            return fan_out(plan, holds, branch, rt)
         if plan.stream:
-            return await self._stream(plan, holds, body)
-        return await self._complete(plan, holds, body)
+            return self._stream(plan, holds, body)
+        return self._complete(plan, holds, body)
 
     def _routed(self, plan: Plan, body: dict[str, Any], rt: RouteRuntime) -> dict[str, Any]:
         extras = self._extra_fields(plan.alias)
@@ -186,8 +201,8 @@ class Gateway:
         return [self.routes[rid] for rid in route_ids]
 
     async def _complete(self, plan: Plan, holds: Holds, body: dict[str, Any]) -> Reply:
-        async def call(attempt: Attempt) -> UpstreamResult:
-            return await self._attempts.call(attempt, self._routed(plan, body, attempt.route))
+        def call(attempt: Attempt) -> Awaitable[UpstreamResult]:
+            return self._attempts.call(attempt, self._routed(plan, body, attempt.route))
 
         attempt, result = await self._attempts.first_answer(plan, holds, call)
         evidence = None
@@ -205,8 +220,8 @@ class Gateway:
         return Reply(200, headers, result.body, settling=True)
 
     async def _stream(self, plan: Plan, holds: Holds, body: dict[str, Any]) -> Reply:
-        async def open_(attempt: Attempt) -> StreamOpen:
-            return await self._attempts.open(attempt, self._routed(plan, body, attempt.route))
+        def open_(attempt: Attempt) -> Awaitable[StreamOpen]:
+            return self._attempts.open(attempt, self._routed(plan, body, attempt.route))
 
         attempt, opened = await self._attempts.first_answer(plan, holds, open_)
         headers = plan.headers(attempt.route.id)

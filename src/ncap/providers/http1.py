@@ -40,7 +40,7 @@ import ssl
 import sys
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
@@ -595,7 +595,8 @@ class Pool:
         response (at its head; at its end for ``whole`` when it fits ``cap`` bytes).
         A reused connection that closes before any byte of the response is replaced
         by a fresh one, once."""
-        conn = await self._acquire()
+        # an idle connection is taken without a coroutine of its own (the common case)
+        conn = self._idle_one() or await self._acquire()
         try:
             return await conn.send(data, whole=whole, cap=cap)
         except _Stale:
@@ -617,15 +618,9 @@ class Pool:
             raise ConnectError("the client is closed")
         while True:
             if not fresh:
-                now = self.loop.time()
-                while self._idle:
-                    conn = self._idle.pop()
-                    if conn.closed:
-                        continue
-                    if now - conn.idle_since > IDLE_S:
-                        conn.close()
-                        continue
-                    return conn
+                idle = self._idle_one()
+                if idle is not None:
+                    return idle
             if len(self.open) < self.limit:
                 return await self._connect()
             if fresh and self._idle:  # a slot is held by an idle connection: free it
@@ -641,6 +636,23 @@ class Pool:
                 elif waiter.done() and not waiter.cancelled():
                     self._wake()  # the turn given to this acquirer passes on
                 raise
+
+    def _idle_one(self) -> _Connection | None:
+        """The most recently idle connection still open and young enough to reuse (the
+        others are dropped), or None."""
+        idle = self._idle
+        if not idle:
+            return None
+        now = self.loop.time()
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue
+            if now - conn.idle_since > IDLE_S:
+                conn.close()
+                continue
+            return conn
+        return None
 
     async def _connect(self) -> _Connection:
         conn = _Connection(self)
@@ -821,7 +833,7 @@ class HttpClient:
             head = _header_lines(merged)
         return b"%s%sContent-Length: %d\r\n\r\n%s" % (target.prefix, head, len(data), data)
 
-    async def post(
+    def post(
         self,
         url: str,
         data: bytes,
@@ -829,13 +841,15 @@ class HttpClient:
         headers: Mapping[str, str] | None = None,
         whole: bool = False,
         cap: int = 0,
-    ) -> Response:
+    ) -> Awaitable[Response]:
         """The response to POSTing ``data`` to ``url``: at its head, or (``whole``) at
         its end when the body is at most ``cap`` bytes as sent (at the point it passed
-        ``cap`` otherwise, to be read as a stream)."""
+        ``cap`` otherwise, to be read as a stream). The pool's coroutine itself is
+        returned (one coroutine fewer per request); a closed client or a bad URL
+        raises here, when called."""
         target = self._target(url)
         request = self.encode(url, data, headers)
-        return await self._pool(target.key).request(request, whole=whole, cap=cap)
+        return self._pool(target.key).request(request, whole=whole, cap=cap)
 
     async def close(self) -> None:
         self.closed = True

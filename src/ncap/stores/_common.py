@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from datetime import datetime
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 from uuid import uuid4
 
 import msgspec
@@ -67,7 +75,7 @@ class TwoPhaseBudgets(ABC):
 
     _clock: Callable[[], datetime]
 
-    async def reserve(
+    def reserve(
         self,
         workload_id: str,
         windows: BudgetWindows,
@@ -76,11 +84,11 @@ class TwoPhaseBudgets(ABC):
         exception_id: str | None = None,
         now: datetime | None = None,
         hold_id: str | None = None,
-    ) -> Hold:
+    ) -> Coroutine[Any, Any, Hold]:
+        """The backend's ``_reserve`` coroutine for this charge (awaited by the caller:
+        no coroutine of its own per reservation)."""
         buckets = Buckets.at(now or self._clock())
-        return await self._reserve(
-            Charge(workload_id, exception_id, windows, amounts, buckets, hold_id)
-        )
+        return self._reserve(Charge(workload_id, exception_id, windows, amounts, buckets, hold_id))
 
     @abstractmethod
     async def settle(self, hold: Hold | str, actual_tokens: int, actual_cost_micros: int) -> bool:
