@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ncap.http.signals import RequestSignals
 from ncap.lifecycle import Gateway
 from ncap.testing.fake_upstream import FakeState
 from tests.support import ServerThread, gateway, gateway_config
@@ -94,3 +95,23 @@ def test_a_handlers_bug_is_a_500_envelope_without_the_request(
     logged = [rec.getMessage() for rec in caplog.records if rec.name == "ncap.http"]
     assert any("RuntimeError" in line for line in logged), logged
     assert all(secret not in line for line in logged)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("step", ["begin", "responded"])
+def test_a_bug_in_the_request_record_is_a_500_envelope(
+    gw: ServerThread, monkeypatch: pytest.MonkeyPatch, path: str, step: str
+) -> None:
+    """The completion routes answer their own errors (no separate guard): a failure of
+    the request's record, when it opens or while an error is being answered, is still
+    the 500 envelope with the request's id."""
+
+    def broken(self: RequestSignals, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the record failed")
+
+    monkeypatch.setattr(RequestSignals, step, broken)
+    r = httpx.post(gw.url + path, json={"model": "fake-model"}, timeout=10)  # a 400 body
+    assert r.status_code == 500
+    assert r.json()["error"]["message"] == "The gateway had an internal error."
+    assert set(r.json()["error"]) == ENVELOPE_KEYS
+    assert r.headers["x-request-id"].startswith("req-")

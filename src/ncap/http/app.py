@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -126,21 +127,24 @@ def guarded(handler: Handler) -> Handler:
     async def guard(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
-        except NcapError as exc:
-            _count_refusal(request.app, exc)
-            response = error_response(exc, request.get(REQUEST_ID))
-            if isinstance(exc, RequestTimeout):
-                response.force_close()  # the rest of a stalled body is never waited for
-            return response
-        except web.HTTPException as exc:
-            return _http_exception(exc)
         except Exception as exc:
-            log_internal_error(log, f"internal error on {request.method} {request.path}", exc)
-            return error_response(
-                NcapError("The gateway had an internal error."), request.get(REQUEST_ID)
-            )
+            return _error_answer(request, exc)
 
     return guard
+
+
+def _error_answer(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """What a route answers for ``exc``, in OpenAI's envelope (the route guard's answer)."""
+    if isinstance(exc, NcapError):
+        _count_refusal(request.app, exc)
+        response = error_response(exc, request.get(REQUEST_ID))
+        if isinstance(exc, RequestTimeout):
+            response.force_close()  # the rest of a stalled body is never waited for
+        return response
+    if isinstance(exc, web.HTTPException):
+        return _http_exception(exc)
+    log_internal_error(log, f"internal error on {request.method} {request.path}", exc)
+    return error_response(NcapError("The gateway had an internal error."), request.get(REQUEST_ID))
 
 
 def _add_fallback_routes(app: web.Application) -> None:
@@ -262,7 +266,7 @@ def _authenticate(request: web.Request, grants: Grants, retries: int | None = No
 
 
 class Completions:
-    """The completion endpoints (``chat``, and ``legacy`` for ``/v1/completions``), with
+    """The completion endpoints (``/v1/chat/completions`` and the legacy ``/v1/completions``), with
     the app's parts every request uses resolved once, when the routes are added: each
     ``request.app[...]`` is a Python call into aiohttp's ``Application``."""
 
@@ -274,22 +278,20 @@ class Completions:
         self._limits = app[CONFIG].limits
         self._gateway = app[GATEWAY]
 
-    def chat(self, request: web.Request) -> Awaitable[web.StreamResponse]:
-        # the request's coroutine itself, not one awaiting it: the route's guard awaits
-        return self._serve(request, "chat")
-
-    def legacy(self, request: web.Request) -> Awaitable[web.StreamResponse]:
-        """The legacy ``/v1/completions`` (``n`` and ``best_of``), through the same
-        lifecycle."""
-        return self._serve(request, "completions")
+    def handlers(self) -> tuple[Handler, Handler]:
+        """The handlers of ``/v1/chat/completions`` and of the legacy ``/v1/completions``
+        (``n`` and ``best_of``, through the same lifecycle). Each is its own guard: it
+        answers errors as ``guarded`` does, so a request runs one coroutine fewer."""
+        return partial(self._serve, kind="chat"), partial(self._serve, kind="completions")
 
     async def _serve(self, request: web.Request, kind: RequestKind) -> web.StreamResponse:
+        """The request's answer; an error answered as ``guarded`` answers it."""
         request_id = self._ids.next()
         request[REQUEST_ID] = request_id
         signals = self._signals
-        headers = request.headers
-        signals.begin(request_id, headers)
         try:
+            headers = request.headers
+            signals.begin(request_id, headers)
             retries = _client_retry_count(headers.get("x-stainless-retry-count"))
             caller = _authenticate(request, self._grants, retries)
             signals.caller(request_id, caller)
@@ -312,10 +314,22 @@ class Completions:
                 return await _write_stream(request, reply, stream, request_id, signals, limits)
             finally:
                 in_flight.leave()
-        except BaseException as exc:
-            signals.responded(request_id, *_status_of(exc))
-            signals.end(request_id)  # a no-op when the answer already ended it
+        except Exception as exc:
+            try:
+                _ended(signals, request_id, exc)
+            except Exception as bug:  # the record's own failure is what the client gets
+                exc = bug
+            return _error_answer(request, exc)
+        except BaseException as exc:  # cancelled: the client went away
+            _ended(signals, request_id, exc)
             raise
+
+
+def _ended(signals: RequestSignals, request_id: str, exc: BaseException) -> None:
+    """The record of a request that ended in ``exc`` (a no-op when its answer already
+    ended it)."""
+    signals.responded(request_id, *_status_of(exc))
+    signals.end(request_id)
 
 
 def _status_of(exc: BaseException) -> tuple[int, str | None]:
@@ -529,8 +543,9 @@ def _add_routes(app: web.Application, config: Config, stores: Stores, sessions: 
     """Every API endpoint (README.md, docs/operations.md), the dashboard, the admin API and
     the OpenAPI document."""
     completions = Completions(app)
-    app.router.add_post("/v1/chat/completions", guarded(completions.chat))
-    app.router.add_post("/v1/completions", guarded(completions.legacy))
+    chat, legacy = completions.handlers()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", legacy)
     app.router.add_get("/v1/models", guarded(list_models))
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/readyz", guarded(readyz))
