@@ -266,9 +266,10 @@ def _authenticate(request: web.Request, grants: Grants, retries: int | None = No
 
 
 class Completions:
-    """The completion endpoints (``/v1/chat/completions`` and the legacy ``/v1/completions``), with
-    the app's parts every request uses resolved once, when the routes are added: each
-    ``request.app[...]`` is a Python call into aiohttp's ``Application``."""
+    """The completion endpoints (``/v1/chat/completions`` and the legacy
+    ``/v1/completions``), with the app's parts every request uses resolved once, when the
+    routes are added: each ``request.app[...]`` is a Python call into aiohttp's
+    ``Application``."""
 
     def __init__(self, app: web.Application) -> None:
         self._ids = app[REQUEST_IDS]
