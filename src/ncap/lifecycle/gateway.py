@@ -90,10 +90,10 @@ class Gateway:
     ) -> Awaitable[Reply]:
         """The request's lifecycle, as the coroutine to await. The body is parsed now: a
         body refused outright raises here, before anything is awaited."""
-        parsed = self._parse(raw, caller, request_id, parse_chat_request)
-        if not isinstance(parsed, tuple):
-            return parsed
-        body, request = parsed
+        try:
+            body, request = self._parse(raw, parse_chat_request)
+        except UnknownParameter as exc:
+            return self._refusal(exc, raw, caller, request_id)
         chain = self._chain(request.model, caller)
         if idempotency_key is None or self._idempotency is None:
             return self._serve(request_id, caller, request, body, chain)
@@ -109,10 +109,10 @@ class Gateway:
     def completions(self, raw: bytes, caller: Caller, request_id: str) -> Awaitable[Reply]:
         """The legacy ``/v1/completions``: the same lifecycle, with ``best_of`` as the
         candidate count (``ncap.lifecycle.admit``), on routes that serve the endpoint."""
-        parsed = self._parse(raw, caller, request_id, parse_completion_request)
-        if not isinstance(parsed, tuple):
-            return parsed
-        body, request = parsed
+        try:
+            body, request = self._parse(raw, parse_completion_request)
+        except UnknownParameter as exc:
+            return self._refusal(exc, raw, caller, request_id)
         _one_prompt(request)
         chain = _legacy_routes(self._chain(request.model, caller))
         return self._serve(request_id, caller, request, body, chain)
@@ -135,25 +135,25 @@ class Gateway:
             raise
 
     def _parse(
-        self,
-        raw: bytes,
-        caller: Caller,
-        request_id: str,
-        parse: Callable[..., tuple[dict[str, Any], _Req]],
-    ) -> tuple[dict[str, Any], _Req] | Awaitable[Reply]:
-        """The validated body (chat or legacy). A refused multi-candidate field is also
-        a denial row: then the coroutine that records it and raises the refusal."""
-        try:
-            body, request = parse(raw, extra_fields=self._extra_fields)
-        except UnknownParameter as exc:
-            if exc.param in MULTI_CANDIDATE_FIELDS:
-                return self._refuse_field(exc, exc.param, raw, caller, request_id)
-            raise
+        self, raw: bytes, parse: Callable[..., tuple[dict[str, Any], _Req]]
+    ) -> tuple[dict[str, Any], _Req]:
+        """The validated body (chat or legacy)."""
+        body, request = parse(raw, extra_fields=self._extra_fields)
         if isinstance(request, ChatCompletionRequest):  # a legacy prompt has no messages
             check_message_count(request.messages, self.config.limits.max_messages)
         return body, request
 
-    async def _refuse_field(
+    def _refusal(
+        self, exc: UnknownParameter, raw: bytes, caller: Caller, request_id: str
+    ) -> Awaitable[Reply]:
+        """An unknown field: raised at once, or, for a multi-candidate field the gateway
+        refuses, the coroutine that records the denial row and then raises it."""
+        field = exc.param
+        if field is None or field not in MULTI_CANDIDATE_FIELDS:
+            raise exc
+        return self._deny_field(exc, field, raw, caller, request_id)
+
+    async def _deny_field(
         self, exc: UnknownParameter, field: str, raw: bytes, caller: Caller, request_id: str
     ) -> Reply:
         body = msgspec.json.decode(raw)  # decoded once already: a JSON object
