@@ -40,7 +40,7 @@ from ncap.http.alerts import BudgetAlerter, Webhook
 from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.inflight import InFlightLimit
-from ncap.http.limits import body_at_hand, handler_limits, read_body, write_stream
+from ncap.http.limits import body_at_hand, handler_limits, read_rest, write_stream
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
 from ncap.http.openapi import add_openapi_route
@@ -302,7 +302,7 @@ class Completions:
                 limits = self._limits
                 raw = body_at_hand(request, limits.max_body_bytes)
                 if raw is None:  # more of it is to come
-                    raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+                    raw = await read_rest(request, limits.max_body_bytes, limits.body_timeout_s)
                 gateway = self._gateway
                 if kind == "chat":
                     key = headers.get("Idempotency-Key")

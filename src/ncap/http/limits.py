@@ -3,9 +3,9 @@ defaults and OpenAI-shaped errors.
 
 - header line size and header count: aiohttp's parser enforces them (a 400 before any
   handler runs; ``malformed.ProtocolLog`` keeps that to one log line);
-- the body size: ``read_body`` (413 ``request_too_large``), which reads until the body's
-  end (a body that arrives in several TCP segments is read whole);
-- the body's arrival: ``read_body`` and ``body_deadline`` give a client that sends the
+- the body size: ``body_at_hand`` and ``read_rest`` (413 ``request_too_large``), which
+  read until the body's end (a body that arrives in several TCP segments is read whole);
+- the body's arrival: ``read_rest`` and ``body_deadline`` give a client that sends the
   headers and then stalls ``body_timeout_s`` to send the whole body, then answer 408
   ``request_timeout`` and close the connection (the admin API and the dashboard's login
   form read their bodies under the same deadline);
@@ -40,8 +40,8 @@ __all__ = [
     "body_at_hand",
     "body_deadline",
     "handler_limits",
-    "read_body",
     "read_limited",
+    "read_rest",
     "write_stream",
 ]
 
@@ -66,7 +66,7 @@ def handler_limits(limits: Limits) -> dict[str, Any]:
 def body_at_hand(request: web.Request, limit: int) -> bytes | None:
     """The whole body when it came with the head (the usual case), taken as it is
     without awaiting reads that cannot wait; None while more of it is to come. A body
-    over ``limit`` or cut short raises as ``read_body`` does."""
+    over ``limit`` or cut short is the client's error (413, 400)."""
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     content = request.content
@@ -81,12 +81,10 @@ def body_at_hand(request: web.Request, limit: int) -> bytes | None:
     return raw
 
 
-async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body, at most ``limit`` bytes, within ``timeout_s``; a body cut short is
-    the client's error."""
-    raw = body_at_hand(request, limit)
-    if raw is not None:
-        return raw
+async def read_rest(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body of a request whose body was not at hand (``body_at_hand`` gave
+    None), at most ``limit`` bytes, within ``timeout_s``; a body cut short is the
+    client's error."""
     async with body_deadline(timeout_s):
         raw = await read_limited(request, limit)
     if raw is None:
