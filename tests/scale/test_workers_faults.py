@@ -68,8 +68,11 @@ async def test_three_workers_with_an_instance_id(
             ledger_url,
             budgets_url,
             server={
+                # a sibling finds the killed worker silent 0.75–1.25 s after the kill;
+                # the supervisor's restart comes up no sooner than its 1 s delay plus a
+                # worker's start-up (with 2 s the two raced on a loaded machine)
                 "heartbeat_interval_s": 0.25,
-                "heartbeat_timeout_s": 2.0,
+                "heartbeat_timeout_s": 1.0,
                 "instance_id": "edge",
             },
             routes={"fake": {"headers": {"x-fake-fault": "latency=3000"}, "timeout_s": 30}},
