@@ -258,7 +258,6 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self._route_up: dict[str, bool] = {}
         self._routes: dict[str, RouteMeters] = {}
         r = self.registry
         self.requests = PlainCounter(
@@ -438,28 +437,17 @@ class Metrics:
             meters = self._routes[route] = RouteMeters(self, route)
         return meters
 
-    def route_is_up(self, route: str) -> bool:
-        """True until the route's last attempt failed (unknown routes count as up)."""
-        return self._route_up.get(route, True)
-
     def route_answered(self, route: str) -> None:
         """The route answered (a 2xx, or a refusal that shows it is alive)."""
-        if self._route_up.get(route) is True:
-            return  # shown as up since its last answer: the gauge already says 1
-        self._route_up[route] = True
         self.child(self.route_up, route).set(1)
 
-    def route_failed(self, route: str, reason: str, at: float) -> bool:
-        """Record one failed attempt; True when the route was up (or unknown) before,
-        so the caller logs the transition once instead of once per attempt."""
+    def route_failed(self, route: str, reason: str, at: float) -> None:
+        """One failed attempt of the route, by a reason from a closed set."""
         if reason not in ROUTE_FAILURE_REASONS:
             reason = "protocol"
-        was_up = self._route_up.get(route, True)
-        self._route_up[route] = False
         self.child(self.route_up, route).set(0)
         self.child(self.route_failures, route, reason).inc()
         self.child(self.route_last_failure, route, reason).set(at)
-        return was_up
 
     def validation_refused(self, code: str, multi_candidate: bool) -> None:
         """A body validation refusal (400 before policy), by its OpenAI error code."""
@@ -478,10 +466,6 @@ class Metrics:
         self.child(self.candidates_agreement, workload).observe(majority / compared)
         self.child(self.candidates_tool_call_share, workload).observe(tools / compared)
 
-    def cost(self, workload: str, route: str, micros: int) -> None:
-        if micros > 0:
-            self.child(self.cost_micros, workload, route).inc(micros)
-
     def watch_engine_queue(self, depth: Callable[[], float]) -> None:
         self.engine_queue_depth.set_function(depth)
 
@@ -491,15 +475,25 @@ class Metrics:
 
 class RouteMeters:
     """One route's attempt metrics: attempts by outcome, upstream latency, tokens in and
-    out. Each child is looked up once (through ``Metrics.child``, on first use, so a
-    label set appears on ``/metrics`` exactly when it would otherwise) and then kept."""
+    out, settled cost by workload. Each child is looked up once (through
+    ``Metrics.child``, on first use, so a label set appears on ``/metrics`` exactly when
+    it would otherwise) and then kept."""
 
-    __slots__ = ("_attempts", "_latency", "_metrics", "_route", "_tokens_in", "_tokens_out")
+    __slots__ = (
+        "_attempts",
+        "_cost",
+        "_latency",
+        "_metrics",
+        "_route",
+        "_tokens_in",
+        "_tokens_out",
+    )
 
     def __init__(self, metrics: Metrics, route: str) -> None:
         self._metrics = metrics
         self._route = route
         self._attempts: dict[str, Any] = {}
+        self._cost: dict[str, Any] = {}  # workload -> its cost child on this route
         self._latency: Any = None
         self._tokens_in: Any = None
         self._tokens_out: Any = None
@@ -524,3 +518,11 @@ class RouteMeters:
             if self._tokens_out is None:
                 self._tokens_out = m.child(m.tokens, self._route, "out")
             self._tokens_out.inc(output_tokens)
+
+    def spent(self, workload: str, cost_micros: int) -> None:
+        """A closed attempt's settled cost (micro-USD, more than 0) for ``workload``."""
+        cost = self._cost.get(workload)
+        if cost is None:
+            m = self._metrics
+            cost = self._cost[workload] = m.child(m.cost_micros, workload, self._route)
+        cost.inc(cost_micros)

@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import httpx
@@ -185,6 +186,66 @@ def test_route_health_and_its_log_line(
         "workload=default route=dead" in m and "reason=refused outcome=rejected" in m  # never left
         for _, m in lines
     )
+
+
+def test_route_health_follows_whole_answers_and_streams(
+    fake: tuple[str, FakeState], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A route's health moves with each attempt, whole or streamed: a 5xx counts and
+    the retry that answers brings the route back (logged once); a stream the upstream
+    cuts mid-way, or whose events cannot be read, counts as the route's failure; a 400
+    about the request is an answer."""
+    fake[1].reset()
+    plain = gateway_config(fake[0], tmp_path).routes["fake"].model_dump(
+        mode="json", exclude_none=True
+    )
+    faults = {
+        "flaky": {
+            "x-fake-fault": "error_500",
+            "x-fake-fail-times": "1",
+            "x-fake-fail-key": uuid.uuid4().hex,
+        },
+        "cut": {"x-fake-fault": "reset_mid_stream=3"},
+        "garbled": {"x-fake-fault": "malformed_json"},
+        "refuses": {"x-fake-fault": "server_error_400"},
+    }
+    routes = {name: {**plain, "retries": 1, "headers": h} for name, h in faults.items()}
+    config = gateway_config(
+        fake[0], tmp_path, models={name: [name] for name in faults}, routes=routes
+    )
+    caplog.set_level(logging.WARNING, logger="ncap.health")
+    with gateway(config) as gw:
+        url = gw.url + "/v1/chat/completions"
+
+        def post(model: str, **extra: object) -> httpx.Response:
+            return httpx.post(url, json={**BODY, "model": model, **extra}, timeout=10)
+
+        assert post("flaky").status_code == 200
+        cut = post("cut", stream=True)
+        assert cut.status_code == 200 and '"error"' in cut.text
+        post("garbled", stream=True)
+        assert post("refuses").status_code == 400
+        text = scrape(gw.url)
+
+    def failures(route: str) -> dict[str, float]:
+        found = {}
+        for reason in ("timeout", "connection", "status_429", "status_5xx", "protocol"):
+            value = sample(text, "ncap_route_failures_total", route=route, reason=reason)
+            if value:
+                found[reason] = value
+        return found
+
+    assert sample(text, "ncap_route_up", route="flaky") == 1
+    assert failures("flaky") == {"status_5xx": 1}
+    assert [r.getMessage() for r in caplog.records if r.name == "ncap.health"] == [
+        "route flaky answers again"
+    ]
+    assert sample(text, "ncap_route_up", route="cut") == 0
+    assert failures("cut") == {"connection": 1}
+    assert sample(text, "ncap_route_up", route="garbled") == 0
+    assert failures("garbled") == {"protocol": 1}
+    assert sample(text, "ncap_route_up", route="refuses") == 1
+    assert failures("refuses") == {}
 
 
 def test_validation_refusals_by_code_and_the_missing_key_message(

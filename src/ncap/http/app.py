@@ -42,16 +42,17 @@ from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_d
 from ncap.http.inflight import InFlightLimit
 from ncap.http.limits import body_at_hand, handler_limits, read_rest, write_stream
 from ncap.http.malformed import protocol_handler_args
-from ncap.http.observe import MULTI_CANDIDATE_FIELDS, ObservedLedger, ObservedProvider, StoreGauges
+from ncap.http.observe import MULTI_CANDIDATE_FIELDS, StoreGauges
 from ncap.http.openapi import add_openapi_route
 from ncap.http.signals import RequestSignals
 from ncap.http.telemetry import telemetry_for
 from ncap.lifecycle import Accounting, Caller, Gateway, Reply, RouteRuntime, Settlement
+from ncap.lifecycle.health import RouteHealth
 from ncap.lifecycle.peers import PeerWatch
 from ncap.logsafe import log_internal_error
 from ncap.metrics import Metrics
 from ncap.providers import capabilities_of, provider_for
-from ncap.providers.base import Provider, RequestKind
+from ncap.providers.base import RequestKind
 from ncap.stores import Identity, StoreOptions, Stores, open_stores
 from ncap.stores.ports import AdminChange, AdminStore
 
@@ -463,12 +464,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def _observed(route: Route, route_id: str, metrics: Metrics) -> Provider:
+def _health(route: Route, route_id: str, metrics: Metrics) -> RouteHealth | None:
     """Remote routes report their health; the local engine has its own queue gauge."""
-    provider = provider_for(route, route_id=route_id)
-    if not capabilities_of(route.provider).in_process:
-        return ObservedProvider(provider, route_id, metrics)
-    return provider
+    if capabilities_of(route.provider).in_process:
+        return None
+    return RouteHealth(metrics, route_id)
 
 
 async def _warm_local_engines(routes: Iterable[RouteRuntime], metrics: Metrics) -> None:
@@ -525,7 +525,9 @@ def _route_runtimes(config: Config, metrics: Metrics) -> dict[str, RouteRuntime]
                 "use candidates: emulate (fan-out)"
             )
     return {
-        rid: RouteRuntime(rid, route, _observed(route, rid, metrics))
+        rid: RouteRuntime(
+            rid, route, provider_for(route, route_id=rid), _health(route, rid, metrics)
+        )
         for rid, route in config.routes.items()
     }
 
@@ -621,7 +623,7 @@ def _books(
     settlement = app[SETTLEMENT] = Settlement(metrics_, on_request_settled=signals.settled)
     return Accounting(
         config,
-        ObservedLedger(stores.ledger, metrics_),
+        stores.ledger,
         stores.budgets,
         instance=instance,
         metrics=metrics_,

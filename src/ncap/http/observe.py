@@ -1,16 +1,12 @@
-"""What the composition root adds around the ports so that operators can see the gateway.
+"""The gauges that describe the stores, for operators.
 
-- ``StoreGauges`` sets the gauges that describe the stores (pending reconciliation,
-  reservations outstanding, budget spent/reserved/limit per workload, window and
-  exception) from a snapshot of the ledger and the budget store, at start-up and on
-  scrape, cached for ``max_age_s``. An in-process counter would be wrong after a
-  restart and after another process (``ncap reconcile import``) changed the ledger.
-- ``ObservedLedger`` counts settled cost (micro-USD) per workload and route as the
-  lifecycle writes it, without the lifecycle knowing about metrics.
-- ``ObservedProvider`` records route health (``ncap_route_up``, last failure by a
-  closed set of reasons) per upstream attempt, and logs a route's recovery once. Each
-  failure itself is logged by the lifecycle (``ncap.lifecycle``), which knows the
-  request id and workload; logging it here too would double every line.
+``StoreGauges`` sets them (pending reconciliation, reservations outstanding, budget
+spent/reserved/limit per workload, window and exception) from a snapshot of the ledger
+and the budget store, at start-up and on scrape, cached for ``max_age_s``. An
+in-process counter would be wrong after a restart and after another process (``ncap
+reconcile import``) changed the ledger. The counters the request path moves (route
+health, settled cost) are moved by the lifecycle itself (``ncap.lifecycle.health``,
+``ncap.lifecycle.settle``).
 
 Nothing here reads request content: labels are config ids and fixed codes.
 """
@@ -20,40 +16,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
 
-from ncap.config import Config, ExceptionGrant, Pricing, utcnow
+from ncap.config import Config, ExceptionGrant, utcnow
 from ncap.domain.budget import Buckets, BudgetWindows, Usage
-from ncap.domain.events import LedgerEvent, ReconciliationRow
+from ncap.domain.events import LedgerEvent
 from ncap.domain.grants import Grants
 from ncap.domain.money import micros_from_usd
 from ncap.metrics import Metrics
 from ncap.protocol.validate import MULTI_CANDIDATE_FIELDS
-from ncap.providers.base import (
-    AttemptFailed,
-    Provider,
-    RequestKind,
-    StreamPiece,
-    UpstreamResult,
-)
 from ncap.stores.ports import (
     BudgetStore,
     Hold,
-    ImportResult,
     LedgerStore,
-    RowUpdate,
     hold_id_for,
 )
 
 __all__ = [
     "MULTI_CANDIDATE_FIELDS",
-    "ObservedLedger",
-    "ObservedProvider",
     "StoreGauges",
-    "failure_reason",
 ]
 
 log = logging.getLogger("ncap.health")
@@ -227,141 +209,3 @@ def _reserved(holds: Iterable[Hold], buckets: Buckets) -> dict[str, int]:
         if h.month == buckets.month:
             out["usd_micros_month"] += h.cost_micros
     return out
-
-
-class ObservedLedger:
-    """The ledger port, counting settled cost per (workload, route) on the way through.
-
-    It remembers each attempt's labels from its ``reserved`` row until the attempt's
-    final update (so memory is bounded by attempts in flight).
-    """
-
-    def __init__(self, inner: LedgerStore, metrics: Metrics) -> None:
-        self._inner = inner
-        self._metrics = metrics
-        self._labels: dict[tuple[str, int], tuple[str, str]] = {}
-
-    async def append(self, event: LedgerEvent) -> None:
-        await self._inner.append(event)
-        if event.state == "reserved":
-            self._labels[(event.request_id, event.attempt)] = (
-                event.workload_id,
-                event.route_id or "",
-            )
-        elif event.cost_micros:
-            self._metrics.cost(event.workload_id, event.route_id or "", event.cost_micros)
-
-    async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
-        await self._inner.update(request_id, attempt, **fields)
-        if fields.get("state", "reserved") == "reserved":
-            return
-        self._count_cost(request_id, attempt, fields)
-
-    async def update_many(self, updates: Sequence[RowUpdate]) -> None:
-        await self._inner.update_many(updates)
-        for request_id, attempt, fields in updates:
-            if fields.get("state", "reserved") != "reserved":
-                self._count_cost(request_id, attempt, fields)
-
-    def _count_cost(self, request_id: str, attempt: int, fields: Mapping[str, Any]) -> None:
-        """A row's cost, counted once, when its final state is written."""
-        labels = self._labels.pop((request_id, attempt), None)
-        if labels is not None and fields.get("cost_micros"):
-            self._metrics.cost(*labels, int(fields["cost_micros"]))
-
-    async def get(self, request_id: str) -> list[LedgerEvent]:
-        return await self._inner.get(request_id)
-
-    def export(
-        self, since: datetime | None = None, until: datetime | None = None
-    ) -> AsyncIterator[LedgerEvent]:
-        return self._inner.export(since, until)
-
-    async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
-        return await self._inner.pending(reserved_before)
-
-    async def mark_lost(
-        self,
-        gateway_instance: str | None = None,
-        *,
-        before: datetime | None = None,
-        reason: str = "gateway_lost",
-    ) -> int:
-        return await self._inner.mark_lost(gateway_instance, before=before, reason=reason)
-
-    async def import_reconciliation(
-        self, rows: Iterable[ReconciliationRow], *, pricing: Mapping[str, Pricing] | None = None
-    ) -> ImportResult:
-        return await self._inner.import_reconciliation(rows, pricing=pricing)
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        """Methods a backend has beyond the port (e.g. a store's own maintenance)."""
-        return getattr(self._inner, name)
-
-
-def failure_reason(failure: AttemptFailed) -> str | None:
-    """The route-health reason of a failed attempt, or None when the route answered
-    (a 4xx other than 429 is an answer about the request, not about the route)."""
-    if failure.kind != "status":
-        return failure.kind  # timeout | connection | protocol
-    status = failure.status or 0
-    if status == 429:
-        return "status_429"
-    if status >= 500:
-        return "status_5xx"
-    return None
-
-
-class ObservedProvider:
-    """A provider whose every attempt updates its route's health metrics."""
-
-    def __init__(self, inner: Provider, route_id: str, metrics: Metrics) -> None:
-        self.inner = inner
-        self._route = route_id
-        self._metrics = metrics
-
-    async def complete(
-        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-    ) -> UpstreamResult:
-        try:
-            result = await self.inner.complete(body, timeout=timeout, kind=kind)
-        except AttemptFailed as failure:
-            self._failed(failure)
-            raise
-        self._answered()
-        return result
-
-    def stream(
-        self, body: Mapping[str, Any], *, timeout: float, kind: RequestKind = "chat"
-    ) -> AbstractAsyncContextManager[tuple[str | None, AsyncIterator[StreamPiece]]]:
-        return self._stream(body, timeout, kind)
-
-    @asynccontextmanager
-    async def _stream(
-        self, body: Mapping[str, Any], timeout: float, kind: RequestKind
-    ) -> AsyncIterator[tuple[str | None, AsyncIterator[StreamPiece]]]:
-        try:
-            async with self.inner.stream(body, timeout=timeout, kind=kind) as opened:
-                self._answered()
-                yield opened
-        except AttemptFailed as failure:
-            self._failed(failure)
-            raise
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    def _answered(self) -> None:
-        if not self._metrics.route_is_up(self._route):
-            log.warning("route %s answers again", self._route)
-        self._metrics.route_answered(self._route)
-
-    def _failed(self, failure: AttemptFailed) -> None:
-        reason = failure_reason(failure)
-        if reason is None:
-            self._answered()
-            return
-        self._metrics.route_failed(self._route, reason, time.time())

@@ -86,12 +86,17 @@ class Attempts:
         if attempt.trace is not None:
             TRACE_HEADERS.set(attempt.trace)  # this task's upstream request carries it
         try:
-            return await rt.provider.complete(
+            result = await rt.provider.complete(
                 body, timeout=rt.route.timeout_s, kind=attempt.plan.kind
             )
         except (AttemptFailed, NcapError) as exc:
+            if rt.health is not None and isinstance(exc, AttemptFailed):
+                rt.health.failed(exc)
             await self.accounting.failed(attempt, as_failure(exc))
             raise
+        if rt.health is not None and rt.health.up is not True:  # up already: nothing moves
+            rt.health.answered()
+        return result
 
     async def open(self, attempt: Attempt, body: Mapping[str, Any]) -> StreamOpen:
         """One streamed attempt up to its first event; a failure is recorded, then raised."""
@@ -112,14 +117,20 @@ def _told(error: NcapError, plan: Plan, rt: RouteRuntime) -> NcapError:
 
 
 async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any], kind: RequestKind) -> StreamOpen:
+    """The stream opened and its first piece read. The route answered once the stream
+    opened; a failure of the first event is the route's too (as one mid-way is)."""
     stack = AsyncExitStack()
     try:
         rid, events = await stack.enter_async_context(
             rt.provider.stream(body, timeout=rt.route.timeout_s, kind=kind)
         )
+        if rt.health is not None:
+            rt.health.answered()
         first = await anext(events, None)
-    except BaseException:
+    except BaseException as exc:
         await stack.aclose()
+        if rt.health is not None and isinstance(exc, AttemptFailed):
+            rt.health.failed(exc)
         raise
     return StreamOpen(stack, rid, events, first)
 

@@ -141,7 +141,10 @@ class FanOut:
             cut = None if all(t.done for t in tallies) else "stream_truncated"
             for out in _ending(plan, tallies, cut):
                 yield out
-        except (AttemptFailed, NcapError):
+        except (AttemptFailed, NcapError) as exc:
+            health = branches[0][0].route.health  # every branch is on the same route
+            if health is not None and isinstance(exc, AttemptFailed):
+                health.failed(exc)  # a branch's upstream failed mid-way
             cut = "upstream_reset"
             yield error_event(UpstreamError("An upstream stream failed mid-way."))
         finally:

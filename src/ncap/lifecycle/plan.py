@@ -18,6 +18,7 @@ from ncap.domain.events import LedgerEvent
 from ncap.domain.evidence import Evidence
 from ncap.domain.policy import Decision
 from ncap.domain.reservation import Reservation
+from ncap.lifecycle.health import RouteHealth
 from ncap.protocol.responses import SummaryUsage
 from ncap.providers.base import Provider, RequestKind
 from ncap.providers.kinds import Capabilities, capabilities_of
@@ -52,6 +53,8 @@ class RouteRuntime:
     id: str
     route: Route
     provider: Provider
+    # a remote route's health metrics, moved by each attempt (None: in-process)
+    health: RouteHealth | None = None
 
     @property
     def capabilities(self) -> Capabilities:

@@ -19,9 +19,8 @@ error; beside an answer, it is logged and counted (``ncap_bookkeeping_failures``
 
 Each upstream failure (a failed attempt, a stream the upstream cut) and each budget
 exhaustion is logged here, once, as one sanitized line on ``ncap.lifecycle``: request
-id, workload, route, status and a reason from a closed set, never content (the route
-health wrapper, ``http.observe.ObservedProvider``, keeps metrics only, so no failure
-is logged twice).
+id, workload, route, status and a reason from a closed set, never content (route
+health, ``ncap.lifecycle.health``, keeps metrics only, so no failure is logged twice).
 """
 
 from __future__ import annotations
@@ -629,13 +628,21 @@ class Accounting:
         self.metrics.reservations_outstanding.dec()
 
     def _observe(self, attempt: Attempt, final: dict[str, Any], outcome: AttemptOutcome) -> None:
+        """The closed attempt counted: its route's meters, its settled cost (once, here,
+        where every attempt of this process is closed; a row another process settles,
+        a reconciliation import, is not this process's spend), the reconciliation
+        gauge and the candidates' evidence."""
         m = self.metrics
-        m.route_meters(attempt.route.id).closed(
+        meters = m.route_meters(attempt.route.id)
+        meters.closed(
             outcome,
             time.monotonic() - attempt.started,
             final.get("input_tokens"),
             final.get("output_tokens_total"),
         )
+        cost = final.get("cost_micros")
+        if cost and cost > 0:
+            meters.spent(attempt.plan.caller.workload_id, cost)
         if final["state"] in ("pending", "usage_reconciliation_required"):
             m.pending_reconciliation.inc()
         compared = final.get("candidates_compared")
