@@ -220,6 +220,25 @@ async def test_mark_lost(ledger: LedgerStore) -> None:
     assert await ledger.mark_lost() == 0
 
 
+async def test_mark_lost_follows_the_rows_updates(ledger: LedgerStore) -> None:
+    """A sweep sees a row's state as its updates left it: a row settled by ``update``
+    or ``update_many`` is not lost, one still reserved is (once)."""
+    for rid in ("settled", "many", "left", "touched"):
+        await ledger.append(event(rid, 1, gateway_instance="g1"))
+    await ledger.update("settled", 1, state="settled", cost_micros=5)
+    await ledger.update_many([("many", 1, {"state": "pending"})])
+    await ledger.update("touched", 1, latency_ms=1.5)  # no state: still reserved
+    assert await ledger.mark_lost("g1") == 2
+    states = {rid: (await ledger.get(rid))[0].state for rid in ("settled", "many", "left")}
+    assert states == {
+        "settled": "settled",
+        "many": "pending",
+        "left": "usage_reconciliation_required",
+    }
+    assert (await ledger.get("touched"))[0].latency_ms == 1.5
+    assert await ledger.mark_lost("g1") == 0
+
+
 async def test_import_reconciliation_is_idempotent(ledger: LedgerStore) -> None:
     await ledger.append(event("a", provider_request_id="p-a", state="pending"))
     await ledger.append(

@@ -53,6 +53,10 @@ class MemoryLedgerStore:
         self._rows: OrderedDict[Key, LedgerEvent] = OrderedDict()
         self._updates: dict[Key, dict[str, Any]] = {}
         self._attempts: dict[str, list[int]] = {}  # request id -> its attempt numbers
+        # the rows whose state (updates included) is ``reserved``: all that a sweep for
+        # lost rows (``mark_lost``, every heartbeat) has to look at, not every row (it
+        # checks each row it finds here as it is, so the index only has to hold them all)
+        self._reserved: dict[Key, None] = {}
         self._closed = False
 
     def _merged(self) -> dict[Key, LedgerEvent]:
@@ -77,6 +81,8 @@ class MemoryLedgerStore:
         # (the lifecycle builds a new dict per attempt), so the event is stored as given
         self._rows[key] = event
         self._attempts.setdefault(event.request_id, []).append(event.attempt)
+        if event.state == "reserved":
+            self._reserved[key] = None
         if len(self._rows) > self.max_rows:
             self._evict_one()
 
@@ -105,6 +111,7 @@ class MemoryLedgerStore:
             raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
         pending = self._updates.setdefault(key, {})
         pending.update(fields)  # merged into the row when it is read: updates stay cheap
+        self._track(key, fields)
 
     async def update_many(self, updates: Sequence[RowUpdate]) -> None:
         self._check_open()
@@ -119,6 +126,17 @@ class MemoryLedgerStore:
                 merged[key] = dict(fields)  # the caller's dict stays the caller's
             else:
                 pending.update(fields)
+            self._track(key, fields)
+
+    def _track(self, key: Key, fields: Mapping[str, Any]) -> None:
+        """Keep ``_reserved`` in step with an update that sets the row's state."""
+        state = fields.get("state")
+        if state is None:
+            return
+        if state == "reserved":
+            self._reserved[key] = None
+        else:
+            self._reserved.pop(key, None)
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
         attempts = sorted(self._attempts.get(request_id, ()))
@@ -160,13 +178,14 @@ class MemoryLedgerStore:
         before: datetime | None = None,
         reason: str = "gateway_lost",
     ) -> int:
-        lost = [k for k, e in self._merged().items() if is_lost(e, gateway_instance, before)]
+        lost = [k for k in self._reserved if is_lost(self._row(k), gateway_instance, before)]
         for key in lost:
             self._rows[key] = replace(
                 self._rows[key],
                 state="usage_reconciliation_required",
                 reconciliation_reason=reason,
             )
+            del self._reserved[key]
         return len(lost)
 
     async def import_reconciliation(
@@ -178,7 +197,9 @@ class MemoryLedgerStore:
             )
 
         def write(event: LedgerEvent) -> None:
-            self._rows[(event.request_id, event.attempt)] = event
+            key = (event.request_id, event.attempt)
+            self._rows[key] = event
+            self._track(key, {"state": event.state})
 
         return apply_import(rows, find, write, pricing)
 
