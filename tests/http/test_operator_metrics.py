@@ -196,8 +196,8 @@ def test_route_health_follows_whole_answers_and_streams(
     cuts mid-way, or whose events cannot be read, counts as the route's failure; a 400
     about the request is an answer."""
     fake[1].reset()
-    plain = gateway_config(fake[0], tmp_path).routes["fake"].model_dump(
-        mode="json", exclude_none=True
+    plain = (
+        gateway_config(fake[0], tmp_path).routes["fake"].model_dump(mode="json", exclude_none=True)
     )
     faults = {
         "flaky": {

@@ -470,7 +470,7 @@ async def test_a_cancelled_stream_closes_its_connection() -> None:
                 await task
             pool = transport._client().pool(server.url())
             assert not pool.open  # closed, not back in the pool half read
-            payload, _ = await transport.post(b"{}", timeout=5)
+            payload, _, _ = await transport.post(b"{}", timeout=5)
         finally:
             await transport.aclose()
     assert payload.count(b"data: x") == 50
@@ -628,7 +628,7 @@ async def test_the_transport_takes_an_ssl_context(tls_server: tuple[Server, Path
         server.url(scheme="https"), ssl_context=ssl.create_default_context(cafile=str(cert))
     )
     try:
-        payload, headers = await transport.post(b"{}", timeout=5)
+        payload, headers, _ = await transport.post(b"{}", timeout=5)
     finally:
         await transport.aclose()
     assert payload == b'{"secure": true}'

@@ -65,7 +65,7 @@ async def test_the_body_is_the_bytes_sent(upstream: TestServer, size: int, chunk
     transport = _transport(upstream, f"size={size}&chunks={chunks}")
     try:
         for _ in range(2):  # the second on the kept connection
-            payload, _headers = await transport.post(b"{}", timeout=5, limit=1 << 20)
+            payload, _headers, _ = await transport.post(b"{}", timeout=5, limit=1 << 20)
             assert payload == _expected(size)
     finally:
         await transport.aclose()
@@ -83,7 +83,7 @@ async def test_a_body_past_the_bound_is_oversized(
         # the bound itself is not past it
         exact = _transport(upstream, "size=100")
         try:
-            payload, _headers = await exact.post(b"{}", timeout=5, limit=100)
+            payload, _headers, _ = await exact.post(b"{}", timeout=5, limit=100)
             assert payload == _expected(100)
         finally:
             await exact.aclose()

@@ -95,7 +95,7 @@ class Admitter:
                 holds.first_row = row
             else:
                 for number in range(1, (decision.effective if plan.emulated else 1) + 1):
-                    await self.books.reserve(plan, holds, number)
+                    await self.books.reserve(plan, holds, number, at=now)
         except (PolicyDenied, RateLimited) as exc:
             await self.books.abandon(holds)  # a fan-out admitted in part gives back
             scope = self.books.quota_scope
@@ -171,7 +171,8 @@ class Admitter:
                 f"{routes[0].id} emulates n by fan-out. Send best_of equal to n.",
                 param="best_of",
             )
-        whole = _reservation(asked.input_estimate(body, asked.kind_of(request)), routes, decision)
+        kind = asked.kind_of(request)
+        whole = _reservation(asked.input_estimate(body, kind), routes, decision)
         each = whole
         if emulated:
             each = Reservation(
@@ -192,7 +193,7 @@ class Admitter:
             quota_scope=self.books.quota_scope,
             timestamp=now,
             started=time.monotonic(),
-            kind=asked.kind_of(request),
+            kind=kind,
             returns=returns,
             sampling=asked.sampling(request) if self._sampling else _NO_SAMPLING,
         )

@@ -82,7 +82,10 @@ class Attempts:
     async def call(self, attempt: Attempt, body: Mapping[str, Any]) -> UpstreamResult:
         """One non-streamed attempt; a failure is recorded on its row, then raised."""
         rt = attempt.route
-        CLIENT_REQUEST_ID.set(hold_id_for(attempt.plan.request_id, attempt.number))
+        hold = attempt.hold  # its id is the attempt's (``hold_id_for``)
+        number = attempt.number
+        rid = hold.hold_id if hold is not None else hold_id_for(attempt.plan.request_id, number)
+        CLIENT_REQUEST_ID.set(rid)
         if attempt.trace is not None:
             TRACE_HEADERS.set(attempt.trace)  # this task's upstream request carries it
         try:

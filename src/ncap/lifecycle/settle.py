@@ -154,14 +154,18 @@ class Accounting:
 
     # -- holds -------------------------------------------------------------------------
 
-    async def reserve(self, plan: Plan, holds: Holds, number: int) -> None:
+    async def reserve(
+        self, plan: Plan, holds: Holds, number: int, *, at: datetime | None = None
+    ) -> None:
+        """Attempt ``number``'s hold, charged to the windows of ``at`` (the admission's
+        instant for the holds taken at admission; now for a retry's)."""
         size = plan.attempt_reservation
         holds[number] = await self.budgets.reserve(
             plan.caller.workload_id,
             self._windows(plan.caller, plan.decision),
             Amounts(size.total_tokens, size.cost_micros),
             exception_id=plan.decision.exception_id,
-            now=self.clock(),
+            now=at or self.clock(),
             hold_id=hold_id_for(plan.request_id, number),
         )
         self.metrics.reservations_outstanding.inc()
@@ -175,9 +179,11 @@ class Accounting:
         gives the hold back and is raised; otherwise the row and the reservation's
         refusal, if any (the row is written either way, and the caller turns it into
         the request's record: ``deny`` or ``void``)."""
-        row = self.row(plan, 1, plan.usable_routes[0], state="reserved")
+        row = self.row(plan, 1, plan.usable_routes[0], state="reserved", at=plan.timestamp)
         reserved, written = await asyncio.gather(
-            self.reserve(plan, holds, 1), self.ledger.append(row), return_exceptions=True
+            self.reserve(plan, holds, 1, at=plan.timestamp),
+            self.ledger.append(row),
+            return_exceptions=True,
         )
         if isinstance(written, BaseException):
             await self.abandon(holds)
@@ -365,10 +371,20 @@ class Accounting:
         """Where the budget counters live (every row records it)."""
         return self.budgets.quota_scope
 
-    def row(self, plan: Plan, number: int, rt: RouteRuntime, *, state: EventState) -> LedgerEvent:
+    def row(
+        self,
+        plan: Plan,
+        number: int,
+        rt: RouteRuntime,
+        *,
+        state: EventState,
+        at: datetime | None = None,
+    ) -> LedgerEvent:
+        """Attempt ``number``'s row, stamped ``at`` (the admission's instant for the first
+        attempt, which its hold shares) or now."""
         d, r = plan.decision, plan.attempt_reservation
         return LedgerEvent(
-            timestamp=self.clock(),
+            timestamp=at or self.clock(),
             request_id=plan.request_id,
             attempt=number,
             workload_id=plan.caller.workload_id,
@@ -401,7 +417,8 @@ class Accounting:
         if number != 1 or row is None or row.route_id != rt.id:
             if number not in holds:
                 await self.reserve(plan, holds, number)
-            row = self.row(plan, number, rt, state="reserved")
+            at = plan.timestamp if number == 1 else None  # dispatched as it was admitted
+            row = self.row(plan, number, rt, state="reserved", at=at)
             try:
                 await self.ledger.append(row)
             except StoreUnavailable:

@@ -776,6 +776,8 @@ class HttpClient:
             **{k: v for k, v in sent.items() if k.lower() not in lower},
         }
         self._names = {name.lower() for name in self._headers}
+        # request header names known not to be among the client's own (any case)
+        self._apart: set[str] = set()
         self._head = _header_lines(self._headers)
         self._limit = max_connections
         self._connect_timeout = connect_timeout
@@ -819,10 +821,18 @@ class HttpClient:
 
     def encode(self, url: str, data: bytes, headers: Mapping[str, str] | None) -> bytes:
         """The request's bytes: the request line, the headers, the body."""
-        target = self._target(url)
+        return self._encoded(self._target(url), data, headers)
+
+    def _encoded(self, target: _Target, data: bytes, headers: Mapping[str, str] | None) -> bytes:
         if not headers:
             head = self._head
+        elif headers.keys() <= self._apart:
+            # none of the client's own headers is replaced (``_apart``: names seen so
+            # before, the attempt's own ``X-Client-Request-Id`` every time)
+            head = self._head + _header_lines(headers)
         elif self._names.isdisjoint(name.lower() for name in headers):
+            if len(self._apart) < 64:
+                self._apart.update(headers.keys())
             head = self._head + _header_lines(headers)
         else:
             merged = {k: v for k, v in self._headers.items()}
@@ -848,7 +858,7 @@ class HttpClient:
         returned (one coroutine fewer per request); a closed client or a bad URL
         raises here, when called."""
         target = self._target(url)
-        request = self.encode(url, data, headers)
+        request = self._encoded(target, data, headers)
         return self._pool(target.key).request(request, whole=whole, cap=cap)
 
     async def close(self) -> None:

@@ -87,10 +87,10 @@ class OpenAIProvider:
         transport = self._transports[kind]
         limit = answer_limit(body, self._max_answer)
         data = self._translator.request(body, kind, model=_IN_BODY).data
-        payload, headers = await transport.post(
+        payload, headers, rid = await transport.post(
             data, timeout=timeout, limit=limit, headers=_attempt_headers()
         )
-        answer = self._translator.response(payload, _reply(transport, headers), None)
+        answer = self._translator.response(payload, _reply(transport, headers, rid), None)
         return UpstreamResult(200, answer.body, answer.summary, answer.provider_request_id)
 
     @asynccontextmanager
@@ -100,7 +100,8 @@ class OpenAIProvider:
         transport = self._transports[kind]
         data = self._translator.request(body, kind, model=_IN_BODY).data
         async with transport.open(data, timeout=timeout, headers=_attempt_headers()) as resp:
-            events = self._translator.stream(_reply(transport, resp.headers), None)
+            rid = transport.request_id(resp.headers)
+            events = self._translator.stream(_reply(transport, resp.headers, rid), None)
             if _candidates(body) > 1:  # read for the candidates' evidence too
                 events.read_candidates()
             limit = answer_limit(body, self._max_answer)
@@ -117,10 +118,10 @@ def _candidates(body: Mapping[str, Any]) -> int:
     return n if isinstance(n, int) else 1
 
 
-def _reply(transport: HttpTransport, headers: Mapping[str, str]) -> Reply:
+def _reply(transport: HttpTransport, headers: Mapping[str, str], request_id: str | None) -> Reply:
     return Reply(
         headers=headers,
-        request_id=transport.request_id(headers),
+        request_id=request_id,
         created=int(time.time()),
         model=_IN_BODY,
         scrub_id=transport.scrub_id,

@@ -67,9 +67,9 @@ class TranslatedProvider:
     ) -> UpstreamResult:
         sent = self._translator.request(body, kind, model=self.model)
         limit = answer_limit(body, self._max_answer)
-        payload, headers = await self._transport.post(sent.data, timeout=timeout, limit=limit)
+        payload, headers, rid = await self._transport.post(sent.data, timeout=timeout, limit=limit)
         try:
-            answer = self._translator.response(payload, self._reply(headers), sent.shape)
+            answer = self._translator.response(payload, self._reply(headers, rid), sent.shape)
         except AttemptFailed as exc:
             raise self._transport.scrub(exc) from exc
         return UpstreamResult(200, answer.body, answer.summary, answer.provider_request_id)
@@ -86,17 +86,19 @@ class TranslatedProvider:
             payloads = aiter(_scrubbed(iter_data(bounded(resp.content, limit)), transport))
             with mapped(provider_request_id=head_id):
                 first = await anext(payloads, None)
-            events = self._translator.stream(self._reply(resp.headers, first), sent.shape)
+            events = self._translator.stream(self._reply(resp.headers, head_id, first), sent.shape)
             pieces = _pieces(events, first, payloads, head_id, transport)
             yield events.provider_request_id, pieces
 
     async def aclose(self) -> None:
         await self._transport.aclose()
 
-    def _reply(self, headers: Mapping[str, str], first: bytes | None = None) -> Reply:
+    def _reply(
+        self, headers: Mapping[str, str], request_id: str | None, first: bytes | None = None
+    ) -> Reply:
         return Reply(
             headers=headers,
-            request_id=self._transport.request_id(headers),
+            request_id=request_id,
             created=int(time.time()),
             model=self.model,
             scrub_id=self._transport.scrub_id,

@@ -189,10 +189,11 @@ class HttpTransport:
         url: str | None = None,
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> tuple[bytes, Mapping[str, str]]:
-        """The 200 answer's body (at most ``limit`` bytes) and headers; any other status
-        raises ``failure_of``'s. ``timeout`` bounds the whole exchange, the connection
-        included (its own timeout is the route's ``connect_timeout_s``)."""
+    ) -> tuple[bytes, Mapping[str, str], str | None]:
+        """The 200 answer's body (at most ``limit`` bytes), headers and request id (as
+        ``request_id`` reads it); any other status raises ``failure_of``'s. ``timeout``
+        bounds the whole exchange, the connection included (its own timeout is the
+        route's ``connect_timeout_s``)."""
         limit = limit or ANSWER_BASE_BYTES
         # plain try/except rather than ``mapped()`` twice: the same conversion, without
         # two context-manager objects on every request
@@ -228,7 +229,7 @@ class HttpTransport:
         resp.release()
         if resp.status != 200:
             raise self._failure(resp, payload)
-        return self._redactor.bytes(payload), resp.headers
+        return self._redactor.bytes(payload), resp.headers, rid
 
     @asynccontextmanager
     async def open(

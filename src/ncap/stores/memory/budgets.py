@@ -16,8 +16,10 @@ every attempt was in the ledger before it was dispatched (``append`` is durable 
 it returns). Without a history (tests,
 ``memory://`` ledgers) nothing survives the process.
 
-A row is bucketed by its own timestamp, taken a few microseconds after the
-reservation's: at a minute boundary a rebuilt row may land in the next minute. An
+A row is bucketed by its own timestamp. The holds taken at admission and the first
+attempt's row share the admission's instant; a retry's row is stamped a few
+microseconds after its reservation, so at a minute boundary its rebuilt amounts may
+land in the next minute. An
 attempt the upstream refused (its hold was released; its row is settled with
 ``usage_source=none``) counts nothing, as it did live.
 """
