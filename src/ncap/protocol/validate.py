@@ -103,7 +103,9 @@ def parse_chat_request(
     fields = _known_fields(body, CHAT_FIELDS, extra_fields)
     request = _convert(fields, ChatCompletionRequest)
     _check_chat_rules(request)
-    _check_depth(raw, _free_form(request) + _extras(body, fields))
+    free = _free_form(request)
+    if free or body is not fields:  # else nothing is of unbounded depth
+        _check_depth(raw, free + _extras(body, fields))
     return body, request
 
 
