@@ -16,7 +16,7 @@ not fit, in the window's unit) for the denial row and ``ncap_budget_exhausted_to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -55,6 +55,21 @@ class BudgetWindows:
     usd_per_month_micros: int | None = None
     max_concurrency: int | None = None
     exception_budget_micros: int | None = None
+    # no window counts tokens, requests or spend (only concurrency may be limited):
+    # such a reservation is admitted on its in-flight count alone (the default workload)
+    counts_nothing: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "counts_nothing",
+            self.tokens_per_minute is None
+            and self.requests_per_minute is None
+            and self.tokens_per_day is None
+            and self.usd_per_day_micros is None
+            and self.usd_per_month_micros is None
+            and self.exception_budget_micros is None,
+        )
 
     @classmethod
     def for_workload(

@@ -90,14 +90,19 @@ class MemoryBudgetStore:
         with self._lock:
             if hold_id is not None and hold_id in self._holds:
                 raise ValueError(f"hold {hold_id!r} already exists")
-            admit(
-                workload_id,
-                exception_id,
-                self._usage(workload_id, exception_id, buckets),
-                windows,
-                amounts,
-                buckets,
-            )
+            limit = windows.max_concurrency
+            if not (
+                windows.counts_nothing
+                and (limit is None or self._active.get(workload_id, 0) < limit)
+            ):  # else ``admit`` has nothing to refuse: only the in-flight count is limited
+                admit(
+                    workload_id,
+                    exception_id,
+                    self._usage(workload_id, exception_id, buckets),
+                    windows,
+                    amounts,
+                    buckets,
+                )
             hold = Hold(
                 hold_id or uuid4().hex,
                 workload_id,
