@@ -24,8 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -150,22 +149,25 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.flush_now()
 
 
-@dataclass(slots=True)
-class _Record:
+class _Record(msgspec.Struct, gc=False):
+    """One open request's record (a struct: built in C, one per request). Not tracked by
+    the garbage collector: it never takes part in a reference cycle (it holds the
+    request's values; nothing it holds refers back to it)."""
+
     request_id: str
     started: float
     started_ns: int
     span: Span | None = None
     caller: Caller | None = None
     plan: Plan | None = None
-    attempts: list[_Closed] = field(default_factory=list)
+    attempts: list[_Closed] = msgspec.field(default_factory=list)
     status: int | None = None
     error_code: str | None = None
     latency_ms: float | None = None
     # the lifecycle's settlement was done before the status was known: end at ``responded``
     settled: bool = False
     # open attempt spans by attempt number (telemetry only)
-    attempt_spans: dict[int, Span] = field(default_factory=dict)
+    attempt_spans: dict[int, Span] = msgspec.field(default_factory=dict)
 
 
 class RequestSignals:
@@ -175,10 +177,8 @@ class RequestSignals:
         self._log = access_logger() if access_log else None
         self._otel = telemetry
         self._open: dict[str, _Record] = {}
-
-    @property
-    def enabled(self) -> bool:
-        return self._log is not None or self._otel is not None
+        # whether anyone listens: without an access log or telemetry, no record is kept
+        self.enabled = self._log is not None or self._otel is not None
 
     @property
     def telemetry(self) -> Telemetry | None:
@@ -357,7 +357,7 @@ def _parent(otel: Telemetry, headers: Mapping[str, str]) -> Context | None:
     return set_span_in_context(NonRecordingSpan(bare))
 
 
-class _Closed(NamedTuple):
+class _Closed(msgspec.Struct, frozen=True, gc=False):
     """An attempt (0: the request's denial) as its record keeps it: its final row
     columns as the books wrote them, read when the record ends."""
 
