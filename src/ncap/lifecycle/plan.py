@@ -62,8 +62,7 @@ class RouteRuntime:
         return capabilities_of(self.route.provider)
 
 
-@dataclass(slots=True)
-class Reply:
+class Reply(msgspec.Struct):
     status: int
     headers: dict[str, str]
     body: bytes = b""
@@ -143,8 +142,7 @@ class Holds(dict[int, Hold]):
         self.first_row: LedgerEvent | None = None
 
 
-@dataclass(slots=True, eq=False)
-class Attempt:
+class Attempt(msgspec.Struct, eq=False):
     """One try of one route: started (its reserved row durable), then closed exactly
     once as answered, failed or stream-finished (``ncap.lifecycle.settle``).
 

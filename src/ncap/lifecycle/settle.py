@@ -30,10 +30,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
+import msgspec
 from msgspec.structs import replace
 
 from ncap.config import Config, ExceptionGrant
@@ -673,8 +673,7 @@ class Accounting:
             )
 
 
-@dataclass(slots=True)
-class _Closing:
+class _Closing(msgspec.Struct):
     """A closed attempt: its final row, and its hold and what happens to it (``keeps``:
     held until reconciled) until that is done."""
 
