@@ -93,7 +93,7 @@ class Attempts:
                 body, timeout=rt.route.timeout_s, kind=attempt.plan.kind
             )
         except (AttemptFailed, NcapError) as exc:
-            if rt.health is not None and isinstance(exc, AttemptFailed):
+            if rt.health is not None:
                 rt.health.failed(exc)
             await self.accounting.failed(attempt, as_failure(exc))
             raise
@@ -132,7 +132,7 @@ async def _open_stream(rt: RouteRuntime, body: Mapping[str, Any], kind: RequestK
         first = await anext(events, None)
     except BaseException as exc:
         await stack.aclose()
-        if rt.health is not None and isinstance(exc, AttemptFailed):
+        if rt.health is not None:
             rt.health.failed(exc)
         raise
     return StreamOpen(stack, rid, events, first)

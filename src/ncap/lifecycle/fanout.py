@@ -143,7 +143,7 @@ class FanOut:
                 yield out
         except (AttemptFailed, NcapError) as exc:
             health = branches[0][0].route.health  # every branch is on the same route
-            if health is not None and isinstance(exc, AttemptFailed):
+            if health is not None:
                 health.failed(exc)  # a branch's upstream failed mid-way
             cut = "upstream_reset"
             yield error_event(UpstreamError("An upstream stream failed mid-way."))

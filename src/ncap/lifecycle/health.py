@@ -61,8 +61,12 @@ class RouteHealth:
         self.up = True
         self._metrics.route_answered(self.route)
 
-    def failed(self, failure: AttemptFailed) -> None:
-        reason = failure_reason(failure)
+    def failed(self, exc: BaseException) -> None:
+        """An attempt ended in ``exc``: the upstream's failure (``AttemptFailed``) counts;
+        anything else (the gateway's own error, a cancellation) says nothing of it."""
+        if not isinstance(exc, AttemptFailed):
+            return
+        reason = failure_reason(exc)
         if reason is None:
             self.answered()
             return

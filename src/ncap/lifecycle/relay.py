@@ -52,7 +52,7 @@ async def relay(
                 yield error_event(UpstreamError("The upstream stream ended early."))
     except (AttemptFailed, NcapError) as exc:
         health = attempt.route.health
-        if health is not None and isinstance(exc, AttemptFailed):
+        if health is not None:
             health.failed(exc)  # the upstream failed mid-way
         cut, error = stream_cut(exc)
         yield error_event(error)

@@ -115,17 +115,7 @@ class MemoryBudgetStore:
                 self._instance,
                 buckets.now,
             )
-            live = self._live.get(workload_id)
-            if exception_id is None and live is not None and live.minute == buckets.minute:
-                # the common case: the live minute (so its day and month too) is the
-                # hold's, no exception budget (``_add`` for everything else)
-                live.tokens_minute += tokens
-                live.requests_minute += 1
-                live.tokens_day += tokens
-                live.cost_day += cost
-                live.cost_month += cost
-            else:
-                self._add(hold, tokens, cost, 1, _CREATE)
+            self._add(hold, tokens, cost, 1, _CREATE)
             self._holds[hold.hold_id] = hold
             active = self._active
             active[workload_id] = active.get(workload_id, 0) + 1
@@ -142,31 +132,12 @@ class MemoryBudgetStore:
 
     async def settle_many(self, settles: Sequence[Settle]) -> None:
         for _, actual_tokens, actual_cost_micros in settles:
-            if actual_tokens < 0 or actual_cost_micros < 0:
-                check_actuals(actual_tokens, actual_cost_micros)  # raises
-        holds, live_buckets = self._holds, self._live
+            check_actuals(actual_tokens, actual_cost_micros)
+        holds = self._holds
         with self._lock:
             for hold, actual_tokens, actual_cost_micros in settles:
-                held = holds.pop(hold if isinstance(hold, str) else hold.hold_id, None)
-                if held is None:
-                    continue
-                live = live_buckets.get(held.workload_id)
-                if (
-                    held.state == "active"
-                    and held.exception_id is None
-                    and live is not None
-                    and live.minute == held.minute
-                ):
-                    # ``_settled`` for the common case: an active hold of the live
-                    # minute (so of its day and month), no exception budget
-                    self._active[held.workload_id] -= 1
-                    tokens = actual_tokens - held.tokens
-                    cost = actual_cost_micros - held.cost_micros
-                    live.tokens_minute += tokens
-                    live.tokens_day += tokens
-                    live.cost_day += cost
-                    live.cost_month += cost
-                else:
+                held = holds.pop(hold_ref(hold), None)
+                if held is not None:
                     self._settled(held, actual_tokens, actual_cost_micros)
 
     async def keep(self, hold: Hold | str) -> bool:
@@ -284,7 +255,13 @@ class MemoryBudgetStore:
         if live.minute == minute:
             live.tokens_minute += tokens
             live.requests_minute += requests
-        elif _replaces(live.minute, minute, mode):
+            # the live minute's day and month are live too (every window moves with the
+            # minute that set it): the common case ends here
+            live.tokens_day += tokens
+            live.cost_day += cost
+            live.cost_month += cost
+            return
+        if _replaces(live.minute, minute, mode):
             live.minute, live.tokens_minute, live.requests_minute = minute, tokens, requests
         day = minute[:10]
         if live.day == day:

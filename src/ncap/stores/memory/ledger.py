@@ -111,7 +111,7 @@ class MemoryLedgerStore:
             raise KeyError(f"no ledger row for request {request_id!r} attempt {attempt}")
         pending = self._updates.setdefault(key, {})
         pending.update(fields)  # merged into the row when it is read: updates stay cheap
-        self._track(key, fields)
+        self._track(key, fields.get("state"))
 
     async def update_many(self, updates: Sequence[RowUpdate]) -> None:
         self._check_open()
@@ -126,11 +126,11 @@ class MemoryLedgerStore:
                 merged[key] = dict(fields)  # the caller's dict stays the caller's
             else:
                 pending.update(fields)
-            self._track(key, fields)
+            self._track(key, fields.get("state"))
 
-    def _track(self, key: Key, fields: Mapping[str, Any]) -> None:
-        """Keep ``_reserved`` in step with an update that sets the row's state."""
-        state = fields.get("state")
+    def _track(self, key: Key, state: str | None) -> None:
+        """Keep ``_reserved`` in step with a write that sets the row's state (None: an
+        update that leaves it)."""
         if state is None:
             return
         if state == "reserved":
@@ -199,7 +199,7 @@ class MemoryLedgerStore:
         def write(event: LedgerEvent) -> None:
             key = (event.request_id, event.attempt)
             self._rows[key] = event
-            self._track(key, {"state": event.state})
+            self._track(key, event.state)
 
         return apply_import(rows, find, write, pricing)
 
