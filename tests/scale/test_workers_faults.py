@@ -90,6 +90,10 @@ async def test_three_workers_with_an_instance_id(
             await asyncio.to_thread(wait_ready, Gateway(proc, f"http://127.0.0.1:{port}"))
             ids = await wait_for(lambda: _three(ledger_url), timeout=20)
             assert sorted(ids) == ["edge-w1", "edge-w2", "edge-w3"]  # distinct, derived
+            # a worker registers before it says it listens: wait for all three lines, so
+            # the one after the supervisor's restart line below is the restarted worker's
+            log_path = tmp_path / "workers.log"
+            assert await wait_for(lambda: _listening(log_path, 3), timeout=20)
 
             fake[1].reset()
             connector = aiohttp.TCPConnector(force_close=True)
@@ -107,7 +111,6 @@ async def test_three_workers_with_an_instance_id(
             assert {e.state for e in others} <= {"settled"}  # siblings' rows untouched
             assert {e.gateway_instance for e in events} <= set(ids)
             # swept by a sibling: before the supervisor's restart of it came up
-            log_path = tmp_path / "workers.log"
             # the supervisor's line and the sibling's can reach the shared log in any order
             assert await wait_for(lambda: _logged(log_path, "restarting it"), timeout=20)
             text = log_path.read_text()
@@ -203,3 +206,7 @@ def test_a_signal_during_a_restart_delay_starts_nothing_more() -> None:
 
 async def _logged(path: Path, line: str) -> bool:
     return line in path.read_text()
+
+
+async def _listening(path: Path, workers: int) -> bool:
+    return path.read_text().count("ncap listening") >= workers
