@@ -66,10 +66,11 @@ async def test_answers_of_one_tick_share_one_batch_and_each_ends_its_record(
         created.append(coro.__qualname__)
         return asyncio.Task(coro, loop=loop)
 
+    begun = [await _attempt(gw, f"req-{i}") for i in range(3)]  # admission may yield
     loop.set_task_factory(counting)
     try:
-        for i in range(3):  # three answers in one loop iteration (no await in between)
-            gw.accounting.answered_beside([await _attempt(gw, f"req-{i}")])
+        for answer in begun:  # three answers in one loop iteration (no await in between)
+            gw.accounting.answered_beside([answer])
         assert ended == []  # nothing ran yet: the answers go out first
         await settlement.drain()
     finally:

@@ -5,6 +5,7 @@ ledger's timestamps and export boundary. Memory and SQLite, no server."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -141,6 +142,18 @@ async def test_a_closed_memory_ledger_says_so() -> None:
     await store.close()
     with pytest.raises(RuntimeError, match=r"^memory ledger is closed$"):
         await store.append(_row())
+
+
+async def test_a_memory_ledger_append_gives_the_loop_a_turn_with_the_row_in_place() -> None:
+    store = MemoryLedgerStore()
+    seen: list[list[str]] = []
+
+    def meanwhile() -> None:  # ready when append starts: runs before append returns
+        seen.append([e.state for e in store._rows.values()])
+
+    asyncio.get_running_loop().call_soon(meanwhile)
+    await store.append(_row("a"))
+    assert seen == [["reserved"]]  # the loop ran once the row was stored, not before
 
 
 def test_a_memory_ledger_holds_at_least_one_row() -> None:
