@@ -13,7 +13,7 @@ reads rare).
 does while its write commits: the requests that arrive in one loop iteration are then
 admitted together and dispatched together in the next, as on the stores the gateway
 ships with, instead of each running its whole path alone. A benchmark on memory
-stores measures the lifecycle as it runs on real stores (the grouping is worth 5–9 %
+stores measures the lifecycle as it runs on real stores (the grouping is worth 5–7 %
 of the gateway's CPU per request at c=16–64).
 """
 
