@@ -83,16 +83,31 @@ def main(argv: list[str] | None = None) -> int:
         for target in (after, before):
             bl.stop_server(target.server)
         bl.stop_server(upstream)
-    throughput = [p["after"][0] / p["before"][0] for p in pairs if p["before"][0]]
-    cpu = [p["after"][1] / p["before"][1] for p in pairs]
     print(f"{args.setup}, c={args.concurrency}, {len(pairs)} pairs (after / before):")
-    print(f"  throughput: median {statistics.median(throughput):.3f}, pairs {_sorted(throughput)}")
-    print(f"  CPU per request: median {statistics.median(cpu):.3f}, pairs {_sorted(cpu)}")
+    for label, index in (("throughput", 0), ("CPU per request", 1)):
+        print(f"  {label}: {_summary([p['after'][index] / p['before'][index] for p in pairs])}")
     return 0
 
 
-def _sorted(values: list[float]) -> str:
-    return ", ".join(f"{v:.2f}" for v in sorted(values))
+def _summary(ratios: list[float]) -> str:
+    """The median and geometric mean of the paired ratios, the geometric mean of each
+    order (``after`` measured first: even pairs; second: odd pairs) and the pairs.
+
+    The order alternates, so with an even number of pairs the overall geometric mean
+    cancels an order effect (the server measured second in a pair running slower or
+    faster, e.g. while the idle one checkpoints its SQLite WAL); two order means far
+    apart say the median is not to be read alone."""
+    first, second = ratios[0::2], ratios[1::2]
+    parts = [
+        f"median {statistics.median(ratios):.3f}",
+        f"geometric mean {statistics.geometric_mean(ratios):.3f}",
+    ]
+    if first and second:
+        parts.append(
+            f"after first {statistics.geometric_mean(first):.3f}, "
+            f"after second {statistics.geometric_mean(second):.3f}"
+        )
+    return "; ".join(parts) + ", pairs " + ", ".join(f"{v:.2f}" for v in sorted(ratios))
 
 
 if __name__ == "__main__":
