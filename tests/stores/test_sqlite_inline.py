@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 
 import ncap.stores.sqlite.connection as plumbing
-from ncap.stores.sqlite.connection import SQLiteWriter
+from ncap.stores.sqlite.connection import SQLiteWriter, Synchronous
 
 SCHEMA = [(1, "CREATE TABLE t (i INTEGER PRIMARY KEY, v TEXT NOT NULL)")]
 
@@ -370,6 +370,32 @@ async def test_a_write_that_rides_along_joins_the_next_commit_asked_for(tmp_path
         assert not settled.done() and sizes == []
         await writer.run(_insert(2))  # a write a client waits for, a tick later
         assert settled.done() and sizes == [2]  # one commit for both
+    finally:
+        await writer.close()
+    assert _rows(path) == [(1, "x"), (2, "x")]
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_a_write_a_client_waits_for_resumes_before_the_writes_that_rode_along(
+    tmp_path: Path, synchronous: Synchronous
+) -> None:
+    """A settlement that rode along was queued first, yet the request whose row shares
+    its commit goes on first: its caller dispatches upstream before the settlement's
+    caller ends the earlier request's record, inline or back from the thread."""
+    path = tmp_path / "n.db"
+    writer = SQLiteWriter(path, SCHEMA, synchronous=synchronous)
+    resumed: list[str] = []
+
+    async def write(name: str, key: int, ride_along: bool) -> None:
+        await writer.run(_insert(key), ride_along=ride_along)
+        resumed.append(name)
+
+    try:
+        settled = asyncio.ensure_future(write("settlement", 1, True))
+        await asyncio.sleep(0)
+        await write("reserved row", 2, False)
+        await settled
+        assert resumed == ["reserved row", "settlement"]
     finally:
         await writer.close()
     assert _rows(path) == [(1, "x"), (2, "x")]

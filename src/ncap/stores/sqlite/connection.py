@@ -72,6 +72,8 @@ class _Job:
     future: asyncio.Future[Any]
     # one statement is atomic by itself; several need a savepoint to fail alone
     single_statement: bool = False
+    # nobody waits for it on a client's behalf (``SQLiteWriter.run``)
+    ride_along: bool = False
     outcome: tuple[bool, Any] = (False, None)
 
 
@@ -192,7 +194,7 @@ class SQLiteWriter:
         if self._closed:
             raise RuntimeError(f"SQLite store {self.path} is closed")
         loop = asyncio.get_running_loop()
-        job = _Job(fn, loop, loop.create_future(), single_statement)
+        job = _Job(fn, loop, loop.create_future(), single_statement, ride_along)
         self._pending.append(job)
         if self._scheduled_on is not loop:
             if not ride_along:
@@ -362,7 +364,16 @@ def _fail_all(jobs: list[_Job], exc: BaseException) -> None:
 
 
 def _resolve_all(jobs: list[_Job]) -> None:
+    """Resolve each job's future, the writes a client waits on first: their callers
+    run on (a ``reserved`` row's request goes upstream) before the callers of writes
+    that rode along (a settlement, then its request's record) in the same iteration."""
+    riders: list[_Job] = []
     for job in jobs:
+        if job.ride_along:
+            riders.append(job)
+        elif not job.future.done():
+            _resolve(job.future, *job.outcome)
+    for job in riders:
         if not job.future.done():
             _resolve(job.future, *job.outcome)
 
