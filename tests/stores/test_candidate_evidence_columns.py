@@ -129,7 +129,7 @@ async def test_postgres_revision_7_is_upgraded_with_rows_intact() -> None:
             await store.update("old", 1, **EVIDENCE)
             [row] = await store.get("old")
             assert {c: getattr(row, c) for c in COLUMNS} == EVIDENCE
-            assert store.pool.version == 8
+            assert store.pool.version == 9
         finally:
             await store.close()
         conn = await asyncpg.connect(dsn, server_settings={"search_path": schema or "public"})

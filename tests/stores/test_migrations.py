@@ -48,6 +48,8 @@ ADDED_LATER = (
 REV1_COLUMNS = tuple(c for c in LEDGER_COLUMNS if c not in ADDED_LATER)
 # revision 8 added the candidate evidence: rows written at revisions 5 to 7 lack it
 REV7_COLUMNS = tuple(c for c in LEDGER_COLUMNS if not c.startswith("candidates_"))
+# the store inserts only a row's filled columns; this statement fills every one
+_EVERY_COLUMN = lite._insert_statement((True,) * len(LEDGER_COLUMNS))
 ADMIN_TABLES = ("admin_grants", "admin_audit", "budget_alerts")
 AT = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 GRANT = ExceptionGrant(
@@ -70,9 +72,9 @@ def _sqlite_rev7_insert(conn: sqlite3.Connection, row: LedgerEvent) -> None:
 
 def test_revisions_are_numbered_alike_on_both_dialects() -> None:
     # each dialect's revisions are the files of its backend's migrations/ folder
-    assert latest("postgresql") == 8
+    assert latest("postgresql") == 9
     assert [v for v, _ in migrations("postgresql")] == [v for v, _ in lite.MIGRATIONS]
-    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [v for v, _ in lite.MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
 def _tables(path: Path) -> set[str]:
@@ -114,7 +116,7 @@ async def test_sqlite_previous_revision_is_upgraded_with_rows_intact(tmp_path: P
     assert "gateway_instances" in _tables(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 8}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 9}
 
 
 async def _ncap_migrate(config: Path) -> Result:
@@ -134,7 +136,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
     async with pg_database() as url:
         result = await _ncap_migrate(_config(tmp_path, url))
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 8}
+        assert json.loads(result.stdout)["ledger"] == {"backend": "postgresql", "version": 9}
         conn = await asyncpg.connect(url)
         try:
             tables = {
@@ -150,7 +152,7 @@ async def test_postgres_empty_database_to_current(tmp_path: Path) -> None:
         finally:
             await conn.close()
         assert {"ledger_events", "gateway_instances", "schema_version", *ADMIN_TABLES} <= tables
-        assert versions == [1, 2, 3, 4, 5, 6, 7, 8]
+        assert versions == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
 @pytest.mark.postgresql
@@ -171,7 +173,7 @@ async def test_postgres_previous_revision_is_upgraded_with_rows_intact() -> None
             got = await asyncio.gather(*(s.get("req-1") for s in stores))
             assert got == [[FULL_EVENT]] * 3
             assert await stores[0].get("req-2") == [OLD_ROWS[1]]
-            assert {s.pool.version for s in stores} == {8}
+            assert {s.pool.version for s in stores} == {9}
             assert await stores[0].mark_lost("old-gw") == 1
         finally:
             for s in stores:
@@ -199,7 +201,7 @@ async def test_sqlite_revision_5_with_admin_tables_is_upgraded_with_their_rows_i
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_version")]
     finally:
         conn.close()
-    assert versions == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert versions == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     after = SQLiteAdminStore(path)
     try:
         assert await after.changes() == GrantChanges(exceptions=(GRANT,))
@@ -226,12 +228,12 @@ async def test_postgres_revision_5_is_upgraded_to_the_admin_tables_with_rows_int
             changes, got = await asyncio.gather(admin.changes(), store.get("req-1"))
             assert changes == GrantChanges() and got == [FULL_EVENT]
             assert await store.get("req-2") == [OLD_ROWS[1]]
-            assert (admin.pool.version, store.pool.version) == (8, 8)
+            assert (admin.pool.version, store.pool.version) == (9, 9)
             assert await store.mark_lost("old-gw") == 1
             await admin.record(AdminChange("alice", "create", "exception", "eval", GRANT), AT)
             assert await admin.changes() == GrantChanges(exceptions=(GRANT,))
             versions = await admin.pool.fetch("SELECT version FROM schema_version ORDER BY 1")
-            assert [r[0] for r in versions] == [1, 2, 3, 4, 5, 6, 7, 8]
+            assert [r[0] for r in versions] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
         finally:
             await admin.close()
             await store.close()
@@ -290,11 +292,11 @@ async def test_sqlite_writes_build_no_ephemeral_tables_after_revision_7(tmp_path
             f" VALUES ({', '.join('?' * len(REV7_COLUMNS))})"
         )
         assert _ephemeral_tables(conn, rev7_insert) == 2  # revision 6: the IN lists
-        assert sqlite_migrate(conn, lite.MIGRATIONS) == 8
-        assert _ephemeral_tables(conn, lite._INSERT) == 0
+        assert sqlite_migrate(conn, lite.MIGRATIONS) == 9
+        assert _ephemeral_tables(conn, _EVERY_COLUMN) == 0
         assert _ephemeral_tables(conn, update) == 0
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-            conn.execute(lite._INSERT, lite._encode_row(event("bad", state="bogus")))
+            conn.execute(_EVERY_COLUMN, lite._encode_row(event("bad", state="bogus")))
     finally:
         conn.close()
 
@@ -324,12 +326,21 @@ async def test_sqlite_revision_6_is_rebuilt_with_rows_and_indexes_intact(tmp_pat
     finally:
         conn.close()
     # the same indexes (whitespace aside), on the rebuilt table; the provider id's now
-    # leaves out the rows without one
+    # leaves out the rows without one; revision 9 keeps the state of unsettled rows only
     partial = " WHERE provider_request_id IS NOT NULL"
-    expected = [
-        (n, " ".join((q or "").split()) + (partial if n.endswith("provider_request_id") else ""))
-        for n, q in before
-    ]
+    replaced = ("ledger_events_state", "ledger_events_unsettled_instance")
+    unsettled = (
+        "ledger_events_unsettled",
+        "CREATE INDEX ledger_events_unsettled ON ledger_events (state) WHERE state <> 'settled'",
+    )
+    expected = sorted(
+        [
+            (n, " ".join((q or "").split()) + (partial if n.endswith("_request_id") else ""))
+            for n, q in before
+            if n not in replaced
+        ]
+        + [unsettled]
+    )
     assert [(n, " ".join((q or "").split())) for n, q in after] == expected
     conn = sqlite3.connect(path)
     try:
@@ -385,7 +396,7 @@ async def test_ncap_migrate_remakes_the_report_indexes_revision_7_drops(tmp_path
     assert {EXCEPTION_INDEX, PER_CHOICE_INDEX} <= _indexes(path)
     result = await _ncap_migrate(_config(tmp_path, path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 8}
+    assert json.loads(result.stdout)["ledger"] == {"backend": "sqlite", "version": 9}
     assert {EXCEPTION_INDEX, PER_CHOICE_INDEX} <= _indexes(path)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import ncap.stores.sqlite.connection as sqlite_plumbing
+import ncap.stores.sqlite.ledger as ledger_module
 from ncap.config import Pricing
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent, ReconciliationRow
 from ncap.stores import DuplicateAttempt, LedgerStore, SQLiteLedgerStore
@@ -438,7 +439,7 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
     conn = sqlite3.connect(path)
     try:
         versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
-        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
+        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,)]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
@@ -485,3 +486,57 @@ async def test_export_pages_through_large_ledgers(tmp_path: Path) -> None:
         assert ids == [f"r{i:05d}" for i in range(2_500)]
     finally:
         await store.close()
+
+
+async def test_a_row_is_inserted_with_its_filled_columns_only(tmp_path: Path) -> None:
+    """The INSERT names only the columns a row fills (the others are NULL by default,
+    never bound one by one) and reads back equal, empty columns included."""
+    path = tmp_path / "ledger.db"
+    store = SQLiteLedgerStore(path)
+    row = event(provider_request_id=None, cost_micros=None, upstream_status=None)
+    try:
+        await store.append(row)
+        assert await store.get("req-1") == [row]
+    finally:
+        await store.close()
+    statements: list[str] = []
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.set_trace_callback(statements.append)
+    try:
+        values = ledger_module._encode_row(event("req-2", provider_request_id=None))
+        ledger_module._insert(conn, row, values)
+    finally:
+        conn.close()
+    (insert,) = statements
+    named = insert.split("(", 1)[1].split(")", 1)[0].split(", ")
+    filled = [c for c, v in zip(LEDGER_COLUMNS, values, strict=True) if v is not None]
+    assert named == filled and "NULL" not in insert
+    assert "provider_request_id" not in named and "workload_id" in named
+
+
+async def test_lookups_by_state_read_the_index_of_rows_not_settled(tmp_path: Path) -> None:
+    """Every lookup by state says the partial index's condition, so SQLite reads the few
+    rows not settled through it instead of scanning the ledger (revision 9)."""
+    from ncap.reports import build, timeline
+
+    path = tmp_path / "ledger.db"
+    store = SQLiteLedgerStore(path)
+    await store.close()
+    conn = sqlite3.connect(path)
+    try:
+        (index,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND sql LIKE '%(state)%'"
+        ).fetchone()
+        assert index.strip().endswith("WHERE state <> 'settled'")
+        lookups = [
+            (ledger_module._HELD_ROWS, ()),
+            (ledger_module._PENDING, ("x", "x")),
+            (ledger_module._MARK_LOST, ("lost", "gw", "gw", None, None)),
+            (build._PENDING_SQL, ("x",)),
+            (timeline._PENDING_SQL, ("x",)),
+        ]
+        for sql, params in lookups:
+            plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+            assert "USING INDEX ledger_events_unsettled (state=?)" in plan, sql
+    finally:
+        conn.close()

@@ -129,7 +129,7 @@ _PENDING_SQL = f"""
 SELECT state, reconciliation_reason, COUNT(*), COALESCE(SUM(reserved_cost_micros), 0),
        MIN(timestamp)
 FROM ledger_events
-WHERE state IN {UNSETTLED} AND timestamp < ?
+WHERE state IN {UNSETTLED} AND state <> 'settled' AND timestamp < ?
 GROUP BY state, reconciliation_reason
 """
 

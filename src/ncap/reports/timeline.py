@@ -84,7 +84,8 @@ GROUP BY workload_id
 _PENDING_SQL = """
 SELECT workload_id, route_id, COUNT(*), COALESCE(SUM(reserved_cost_micros), 0), MIN(timestamp)
 FROM ledger_events
-WHERE state IN ('pending', 'usage_reconciliation_required') AND timestamp < ?
+WHERE state IN ('pending', 'usage_reconciliation_required') AND state <> 'settled'
+  AND timestamp < ?
 GROUP BY workload_id, route_id
 """
 

@@ -288,8 +288,9 @@ class PostgresLedgerStore:
 
     async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
         rows = await self.pool.fetch(
-            f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required')"
-            " OR ($1::timestamptz IS NOT NULL AND state = 'reserved' AND timestamp < $1)"
+            f"{_SELECT} WHERE (state IN ('pending', 'usage_reconciliation_required')"
+            " OR ($1::timestamptz IS NOT NULL AND state = 'reserved' AND timestamp < $1))"
+            " AND state <> 'settled'"
             " ORDER BY timestamp, request_id, attempt",
             reserved_before,
         )
@@ -299,6 +300,7 @@ class PostgresLedgerStore:
         """Admitted rows still holding their reservation (``BudgetHistory``)."""
         rows = await self.pool.fetch(
             f"{_SELECT} WHERE state IN ('reserved', 'pending', 'usage_reconciliation_required')"
+            " AND state <> 'settled'"
             " AND policy_result = 'allow' ORDER BY timestamp, request_id, attempt"
         )
         for row in rows:
@@ -328,7 +330,8 @@ class PostgresLedgerStore:
         status = await self.pool.execute(
             "UPDATE ledger_events SET state = 'usage_reconciliation_required',"
             " reconciliation_reason = $3"
-            " WHERE state = 'reserved' AND ($1::text IS NULL OR gateway_instance = $1)"
+            " WHERE state = 'reserved' AND state <> 'settled'"
+            " AND ($1::text IS NULL OR gateway_instance = $1)"
             " AND ($2::timestamptz IS NULL OR timestamp < $2)",
             gateway_instance,
             before,

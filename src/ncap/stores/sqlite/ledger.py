@@ -18,6 +18,8 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
+from itertools import compress
+from operator import is_not
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +56,30 @@ _json = msgspec.json.Encoder(order="sorted").encode
 MIGRATIONS: tuple[Migration, ...] = migrations("sqlite")
 
 _COLUMNS = ", ".join(LEDGER_COLUMNS)
-_INSERT = (
-    f"INSERT INTO ledger_events ({_COLUMNS}) VALUES ({', '.join('?' for _ in LEDGER_COLUMNS)})"
-)
+# The INSERT of each set of filled columns (a row's None columns are left out and take
+# their default, NULL), a handful in practice. CPython's sqlite3 binds int, float, str
+# and bytes directly but passes every other value, None included, through its adapter
+# lookup, and a reserved row leaves about twenty columns empty.
+_INSERTS: dict[tuple[bool, ...], str] = {}
+_NULLS = (None,) * len(LEDGER_COLUMNS)
 _SELECT = f"SELECT {_COLUMNS} FROM ledger_events"
+# The lookups by state: each says ``state <> 'settled'``, the condition of the partial
+# index that holds the state of every row not settled (revision 9), so SQLite uses it.
+_HELD_ROWS = (
+    f"{_SELECT} WHERE state IN ('reserved', 'pending', 'usage_reconciliation_required')"
+    " AND state <> 'settled' AND policy_result = 'allow'"
+    " ORDER BY timestamp, request_id, attempt"
+)
+_PENDING = (
+    f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required', 'reserved')"
+    " AND state <> 'settled' AND (state <> 'reserved' OR (? IS NOT NULL AND timestamp < ?))"
+    " ORDER BY timestamp, request_id, attempt"
+)
+_MARK_LOST = (
+    "UPDATE ledger_events SET state = 'usage_reconciliation_required', reconciliation_reason = ?"
+    " WHERE state = 'reserved' AND state <> 'settled' AND (? IS NULL OR gateway_instance = ?)"
+    " AND (? IS NULL OR timestamp < ?)"
+)
 
 
 class SQLiteLedgerStore:
@@ -125,11 +147,7 @@ class SQLiteLedgerStore:
             after = (_ts(last.timestamp), last.request_id, last.attempt)
 
     async def held_rows(self) -> AsyncIterator[LedgerEvent]:
-        sql = (
-            f"{_SELECT} WHERE state IN ('reserved', 'pending', 'usage_reconciliation_required')"
-            " AND policy_result = 'allow' ORDER BY timestamp, request_id, attempt"
-        )
-        for event in await self._reader.run(lambda conn: _fetch(conn, sql, ())):
+        for event in await self._reader.run(lambda conn: _fetch(conn, _HELD_ROWS, ())):
             yield event
 
     async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
@@ -139,12 +157,7 @@ class SQLiteLedgerStore:
 
     async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
         stamp = _ts(reserved_before) if reserved_before else None
-        sql = (
-            f"{_SELECT} WHERE state IN ('pending', 'usage_reconciliation_required') "
-            "OR (? IS NOT NULL AND state = 'reserved' AND timestamp < ?) "
-            "ORDER BY timestamp, request_id, attempt"
-        )
-        return await self._reader.run(lambda conn: _fetch(conn, sql, (stamp, stamp)))
+        return await self._reader.run(lambda conn: _fetch(conn, _PENDING, (stamp, stamp)))
 
     async def mark_lost(
         self,
@@ -232,12 +245,24 @@ def _decode_row(row: tuple[Any, ...]) -> LedgerEvent:
 
 
 def _insert(conn: sqlite3.Connection, event: LedgerEvent, row: list[Any]) -> None:
+    filled = tuple(map(is_not, row, _NULLS))
+    sql = _INSERTS.get(filled)
+    if sql is None:
+        sql = _insert_statement(filled)
     try:
-        conn.execute(_INSERT, row)
+        conn.execute(sql, tuple(compress(row, filled)))
     except sqlite3.IntegrityError as exc:
         if "UNIQUE" in str(exc):
             raise DuplicateAttempt(event.request_id, event.attempt) from exc
         raise
+
+
+def _insert_statement(filled: tuple[bool, ...]) -> str:
+    names = ", ".join(compress(LEDGER_COLUMNS, filled))
+    sql = f"INSERT INTO ledger_events ({names}) VALUES ({', '.join('?' * sum(filled))})"
+    if len(_INSERTS) < 256:
+        _INSERTS[filled] = sql
+    return sql
 
 
 def _fetch(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[LedgerEvent]:
@@ -324,13 +349,7 @@ _UPDATES: dict[tuple[str, ...], str] = {}
 def _mark_lost(
     conn: sqlite3.Connection, instance: str | None, before: str | None, reason: str
 ) -> int:
-    cur = conn.execute(
-        "UPDATE ledger_events SET state = 'usage_reconciliation_required',"
-        " reconciliation_reason = ?"
-        " WHERE state = 'reserved' AND (? IS NULL OR gateway_instance = ?)"
-        " AND (? IS NULL OR timestamp < ?)",
-        (reason, instance, instance, before, before),
-    )
+    cur = conn.execute(_MARK_LOST, (reason, instance, instance, before, before))
     return cur.rowcount
 
 
