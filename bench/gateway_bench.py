@@ -545,7 +545,53 @@ def tables(
     if ratio:
         rrows = [[c, ", ".join(f"{k}={v}" for k, v in point.items())] for c, point in ratio.items()]
         out.append(bl.Table("Throughput ratios", ["c", "throughput ratios"], rrows))
+    rounds = rounds_table(rows)
+    if rounds is not None:
+        out.append(rounds)
     return out
+
+
+def rounds_table(rows: list[dict[str, Any]]) -> bl.Table | None:
+    """Each round on its own: a target's throughput over bare's in the same round, and
+    at c=1 its p50 over direct's in the same round (the spread the medians hide)."""
+    by = {(r["target"], r["concurrency"]): r for r in rows}
+    body: list[list[Any]] = []
+    for r in rows:
+        name, c = r["target"], r["concurrency"]
+        bare, direct = by.get(("bare", c)), by.get(("direct", c))
+        if name in ("bare", "direct") or "throughput_each_round" not in r:
+            continue
+        times = added = "n/a"
+        median = None
+        if bare and "throughput_each_round" in bare:
+            each = [
+                round(mine / theirs, 2)
+                for mine, theirs in _each_round(r, bare, "throughput_each_round")
+                if mine and theirs
+            ]
+            times = ", ".join(f"{v:.2f}" for v in each) or "n/a"
+            median = round(statistics.median(each), 2) if each else None
+        if c == 1 and direct and "p50_each_round" in direct:
+            added = ", ".join(
+                f"{mine - theirs:.3f}"
+                for mine, theirs in _each_round(r, direct, "p50_each_round")
+                if mine is not None and theirs is not None
+            )
+        body.append([name, c, times, _fmt(median), added or "n/a"])
+    if not body:
+        return None
+    headers = ["target", "c", "× bare, each round", "median of the rounds' ×"]
+    table = bl.Table("Round by round", [*headers, "added p50 ms, each round"], body)
+    table.notes = (
+        "Each round's point against bare's (and, at c=1, direct's) of the same round, "
+        "measured moments apart; the tables above are the medians over the rounds."
+    )
+    return table
+
+
+def _each_round(mine: dict[str, Any], base: dict[str, Any], key: str) -> list[tuple[Any, Any]]:
+    """The two rows' values round by round (every target runs the same rounds)."""
+    return list(zip(mine[key], base[key], strict=True))
 
 
 def markdown(rows: list[dict[str, Any]], ratio: dict[str, Any], skipped: dict[str, str]) -> str:
@@ -588,14 +634,19 @@ def start_targets(run: Run) -> list[Target]:
 
 def bench_targets(run: Run) -> None:
     """Round-robin: every round visits every target at every concurrency, so a burst
-    of foreign load lands on one round of each rather than on one whole target."""
+    of foreign load lands on one round of each rather than on one whole target.
+
+    Within a round the targets follow each other at one concurrency before the next
+    one, so a target's point is measured right after bare's at the same concurrency
+    (one point apart for the first ncap target) instead of a whole target's worth of
+    points later: the ratio to bare compares moments as close as the run allows."""
     targets = start_targets(run)
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     try:
         for r in range(run.args.rounds):
             print(f"round {r + 1}/{run.args.rounds}", file=sys.stderr, flush=True)
-            for target in targets:
-                for c in run.args.concurrency:
+            for c in run.args.concurrency:
+                for target in targets:
                     samples.setdefault((target.name, c), []).append(measure(run, target, c))
     finally:
         for target in targets:

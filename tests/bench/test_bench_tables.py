@@ -47,6 +47,30 @@ def test_gateway_tables_give_each_target_against_bare() -> None:
     assert ratios.rows == [["16", "ncap_over_litellm=19.0"]]
 
 
+def test_gateway_rounds_give_each_round_against_bare_and_direct_of_the_same_round() -> None:
+    rounds = {
+        ("direct", 1): ([3000.0, 2000.0], [0.30, 0.40]),
+        ("bare", 1): ([1200.0, 1000.0], [0.70, 0.90]),
+        ("ncap", 1): ([900.0, 800.0], [0.95, 1.00]),
+        ("bare", 64): ([2000.0, 3000.0], [20.0, 18.0]),
+        ("ncap", 64): ([1800.0, 2100.0], [22.0, 24.0]),
+    }
+    rows = []
+    for (target, c), (rps, p50) in rounds.items():
+        row = _point(target, c, rps[0])
+        row.update(throughput_each_round=rps, p50_each_round=p50)
+        rows.append(row)
+    table = gateway_bench.rounds_table(rows)
+    assert table is not None
+    assert table.rows == [
+        ["ncap", 1, "0.75, 0.80", "0.78", "0.650, 0.600"],
+        ["ncap", 64, "0.90, 0.70", "0.8", "n/a"],
+    ]
+    assert table in gateway_bench.tables(rows, {}, {})
+    # rows measured without rounds (an older result) add no such table
+    assert gateway_bench.rounds_table([_point("ncap", 16, 1.0), _point("bare", 16, 2.0)]) is None
+
+
 def test_stream_tables_summary_evidence_then_rounds_with_what_was_not_measured() -> None:
     row = {"scenario": "n1x500", "target": "ncap", "cpu_us_per_chunk": 7.07, "x_bare": 2.41}
     row |= {"ttfb_p50_ms_c1": 15.0, "added_ttfb_ms_c1": -4.1, "note": "shipped"}
