@@ -4,7 +4,8 @@ machine does not move.
 Wall-clock rates on a shared 2-core machine swing by tens of percent between runs;
 the number of instructions a request costs does not. Each set-up (``bare`` for the
 aiohttp pass-through, ``bare-lean`` for the same server with ncap's own upstream
-client, or a ``gateway_bench`` ncap target) runs under
+client, ``server-app`` and ``server-lowlevel`` for aiohttp's server alone answering a
+fixed body, or a ``gateway_bench`` ncap target) runs under
 ``valgrind --tool=callgrind --instr-atstart=no``; after ``--warm`` requests the
 instrumentation is switched on, ``--requests`` requests are measured at
 ``--concurrency`` with bench/loadgen.py, and the total is divided by that count.
@@ -39,8 +40,14 @@ import benchlib as bl
 import gateway_bench as gb
 
 # the bare pass-through proxies: the aiohttp server with aiohttp's client, or with
-# ncap's own upstream client (ncap.providers.http1)
-BARE = {"bare": "aiohttp+aiohttp", "bare-lean": "aiohttp+lean"}
+# ncap's own upstream client (ncap.providers.http1); and aiohttp's server alone, a fixed
+# answer and no upstream, on its application layer or on its low-level server
+BARE = {
+    "bare": "aiohttp+aiohttp",
+    "bare-lean": "aiohttp+lean",
+    "server-app": "aiohttp+fixed",
+    "server-lowlevel": "aiohttp-server+fixed",
+}
 _PROBE = b'{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}'
 
 

@@ -5,6 +5,11 @@ upstream, and returns the upstream's status, content type and body. No parsing,
 no logging: what is left is the cost of the HTTP server, the HTTP client and the
 event loop, which is the floor under any gateway built on that stack.
 
+The ``+fixed`` kinds answer a fixed chat completion without any upstream: what the
+HTTP server alone costs per request, on aiohttp's ``web.Application`` (with as many
+paths as ncap's router holds) or on its low-level ``web_server.Server`` (no router, no
+application layer).
+
 Usage: proxies.py KIND --port P --upstream URL
 KIND is one of KINDS; the granian kinds exec the ``granian`` CLI on this module.
 """
@@ -22,6 +27,8 @@ KINDS = (
     "aiohttp+aiohttp",
     "aiohttp+httpx",
     "aiohttp+lean",
+    "aiohttp+fixed",
+    "aiohttp-server+fixed",
     "uvicorn-asgi+aiohttp",
     "granian-asgi+aiohttp",
     "granian-rsgi+aiohttp",
@@ -104,6 +111,23 @@ class HttpxForwarder:
             await self._client.aclose()
 
 
+class FixedAnswer:
+    """No upstream: the same small chat completion for every request."""
+
+    BODY = (
+        b'{"id":"chatcmpl-fixed","object":"chat.completion","created":1,"model":"fake-model",'
+        b'"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},'
+        b'"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+        b'"total_tokens":2}}'
+    )
+
+    async def post(self, body: bytes) -> Reply:
+        return 200, self.BODY, "application/json"
+
+    async def close(self) -> None:
+        return None
+
+
 def _upstream() -> str:
     return os.environ[UPSTREAM_ENV]
 
@@ -124,9 +148,36 @@ def run_aiohttp(port: int, forwarder: Forwarder) -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handle)
+    if isinstance(forwarder, FixedAnswer):  # as many paths as ncap's router holds
+        for i in range(ROUTES_BESIDE):
+            app.router.add_get(f"/other/{i}", handle)
     app.on_cleanup.append(close)
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+ROUTES_BESIDE = 16  # ncap's default app has 17 resources (paths), 42 routes
+
+
+def run_aiohttp_server(port: int, forwarder: Forwarder) -> None:
+    """aiohttp's low-level server: every request to one handler (no router, no app)."""
+    import asyncio
+
+    import uvloop
+    from aiohttp import web, web_server
+
+    async def handle(request: web.BaseRequest) -> web.Response:
+        status, data, ctype = await forwarder.post(await request.read())
+        return web.Response(status=status, body=data, headers={"Content-Type": ctype})
+
+    async def serve() -> None:
+        runner = web.ServerRunner(web_server.Server(handle, access_log=None))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    uvloop.install()
+    asyncio.run(serve())
 
 
 # --- raw ASGI (uvicorn, granian) ---
@@ -231,6 +282,10 @@ def main() -> None:
             run_aiohttp(args.port, HttpxForwarder(args.upstream))
         case "aiohttp+lean":
             run_aiohttp(args.port, LeanForwarder(args.upstream))
+        case "aiohttp+fixed":
+            run_aiohttp(args.port, FixedAnswer())
+        case "aiohttp-server+fixed":
+            run_aiohttp_server(args.port, FixedAnswer())
         case "uvicorn-asgi+aiohttp":
             run_uvicorn(args.port, AiohttpForwarder(args.upstream))
         case "granian-asgi+aiohttp":
