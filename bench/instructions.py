@@ -47,6 +47,7 @@ BARE = {
     "bare-lean": "aiohttp+lean",
     "server-app": "aiohttp+fixed",
     "server-lowlevel": "aiohttp-server+fixed",
+    "server-protocol": "protocol+fixed",
 }
 _PROBE = b'{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}'
 

@@ -7,8 +7,10 @@ event loop, which is the floor under any gateway built on that stack.
 
 The ``+fixed`` kinds answer a fixed chat completion without any upstream: what the
 HTTP server alone costs per request, on aiohttp's ``web.Application`` (with as many
-paths as ncap's router holds) or on its low-level ``web_server.Server`` (no router, no
-application layer).
+paths as ncap's router holds), on its low-level ``web_server.Server`` (no router, no
+application layer), or on a bare ``asyncio.Protocol`` over ``httptools`` (llhttp):
+the floor of a server of ncap's own, which this sketch is not (keep-alive only, no
+limits, no chunked bodies, no pipelining, no streaming, no drain).
 
 Usage: proxies.py KIND --port P --upstream URL
 KIND is one of KINDS; the granian kinds exec the ``granian`` CLI on this module.
@@ -29,6 +31,7 @@ KINDS = (
     "aiohttp+lean",
     "aiohttp+fixed",
     "aiohttp-server+fixed",
+    "protocol+fixed",
     "uvicorn-asgi+aiohttp",
     "granian-asgi+aiohttp",
     "granian-rsgi+aiohttp",
@@ -180,6 +183,64 @@ def run_aiohttp_server(port: int, forwarder: Forwarder) -> None:
     asyncio.run(serve())
 
 
+class _ProtocolServer:
+    """One connection: requests parsed by httptools, each answered by ``forwarder`` in
+    a task of its own (no pipelining: the load generator waits for each answer); the
+    measure of a lean server's floor, not a server."""
+
+    def __init__(self, forwarder: Forwarder) -> None:
+        import asyncio
+
+        import httptools
+
+        self._forwarder = forwarder
+        self._parser = httptools.HttpRequestParser(self)
+        self._body: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+        self._transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._transport = None
+
+    def eof_received(self) -> bool:
+        return False
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        body, self._body = b"".join(self._body), []
+        self._loop.create_task(self._answer(body))
+
+    async def _answer(self, body: bytes) -> None:
+        status, data, ctype = await self._forwarder.post(body)
+        if self._transport is not None:
+            head = f"HTTP/1.1 {status} OK\r\nContent-Type: {ctype}\r\n"
+            head += f"Content-Length: {len(data)}\r\n\r\n"
+            self._transport.write(head.encode() + data)
+
+
+def run_protocol_server(port: int, forwarder: Forwarder) -> None:
+    import asyncio
+
+    import uvloop
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _ProtocolServer(forwarder), "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.install()
+    asyncio.run(serve())
+
+
 # --- raw ASGI (uvicorn, granian) ---
 
 Scope = MutableMapping[str, Any]
@@ -286,6 +347,8 @@ def main() -> None:
             run_aiohttp(args.port, FixedAnswer())
         case "aiohttp-server+fixed":
             run_aiohttp_server(args.port, FixedAnswer())
+        case "protocol+fixed":
+            run_protocol_server(args.port, FixedAnswer())
         case "uvicorn-asgi+aiohttp":
             run_uvicorn(args.port, AiohttpForwarder(args.upstream))
         case "granian-asgi+aiohttp":

@@ -30,7 +30,7 @@ def _post(url: str, body: bytes, deadline: float) -> tuple[int, bytes]:
             time.sleep(0.1)
 
 
-@pytest.mark.parametrize("kind", ["aiohttp+fixed", "aiohttp-server+fixed"])
+@pytest.mark.parametrize("kind", ["aiohttp+fixed", "aiohttp-server+fixed", "protocol+fixed"])
 def test_a_server_only_kind_answers_its_fixed_completion_with_no_upstream(kind: str) -> None:
     port = bl.free_port()
     argv = [sys.executable, str(ROOT / "bench" / "proxies.py"), kind, "--port", str(port)]
