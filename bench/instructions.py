@@ -4,8 +4,9 @@ machine does not move.
 Wall-clock rates on a shared 2-core machine swing by tens of percent between runs;
 the number of instructions a request costs does not. Each set-up (``bare`` for the
 aiohttp pass-through, ``bare-lean`` for the same server with ncap's own upstream
-client, ``server-app`` and ``server-lowlevel`` for aiohttp's server alone answering a
-fixed body, or a ``gateway_bench`` ncap target) runs under
+client, ``server-app``, ``server-lowlevel`` and ``server-protocol`` for a server alone
+answering a fixed body, ``bare-protocol`` for the pass-through on the last of those and
+ncap's client, or a ``gateway_bench`` ncap target) runs under
 ``valgrind --tool=callgrind --instr-atstart=no``; after ``--warm`` requests the
 instrumentation is switched on, ``--requests`` requests are measured at
 ``--concurrency`` with bench/loadgen.py, and the total is divided by that count.
@@ -48,6 +49,7 @@ BARE = {
     "server-app": "aiohttp+fixed",
     "server-lowlevel": "aiohttp-server+fixed",
     "server-protocol": "protocol+fixed",
+    "bare-protocol": "protocol+lean",
 }
 _PROBE = b'{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}'
 

@@ -10,7 +10,9 @@ HTTP server alone costs per request, on aiohttp's ``web.Application`` (with as m
 paths as ncap's router holds), on its low-level ``web_server.Server`` (no router, no
 application layer), or on a bare ``asyncio.Protocol`` over ``httptools`` (llhttp):
 the floor of a server of ncap's own, which this sketch is not (keep-alive only, no
-limits, no chunked bodies, no pipelining, no streaming, no drain).
+limits, no chunked bodies, no pipelining, no streaming, no drain). ``protocol+lean``
+puts that sketch in front of ncap's upstream client: the floor of a pass-through built
+on both.
 
 Usage: proxies.py KIND --port P --upstream URL
 KIND is one of KINDS; the granian kinds exec the ``granian`` CLI on this module.
@@ -32,6 +34,7 @@ KINDS = (
     "aiohttp+fixed",
     "aiohttp-server+fixed",
     "protocol+fixed",
+    "protocol+lean",
     "uvicorn-asgi+aiohttp",
     "granian-asgi+aiohttp",
     "granian-rsgi+aiohttp",
@@ -349,6 +352,8 @@ def main() -> None:
             run_aiohttp_server(args.port, FixedAnswer())
         case "protocol+fixed":
             run_protocol_server(args.port, FixedAnswer())
+        case "protocol+lean":
+            run_protocol_server(args.port, LeanForwarder(args.upstream))
         case "uvicorn-asgi+aiohttp":
             run_uvicorn(args.port, AiohttpForwarder(args.upstream))
         case "granian-asgi+aiohttp":
