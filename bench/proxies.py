@@ -141,6 +141,9 @@ def _upstream() -> str:
 # --- aiohttp server ---
 
 
+ROUTES_BESIDE = 16  # ncap's default app has 17 resources (paths), 42 routes
+
+
 def run_aiohttp(port: int, forwarder: Forwarder) -> None:
     import uvloop
     from aiohttp import web
@@ -160,9 +163,6 @@ def run_aiohttp(port: int, forwarder: Forwarder) -> None:
     app.on_cleanup.append(close)
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
-
-
-ROUTES_BESIDE = 16  # ncap's default app has 17 resources (paths), 42 routes
 
 
 def run_aiohttp_server(port: int, forwarder: Forwarder) -> None:
