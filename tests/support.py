@@ -14,7 +14,8 @@ import yaml
 from aiohttp import web
 
 from ncap.config import Config, parse_config
-from ncap.http.app import create_app
+from ncap.http.app import create_app, front_of
+from ncap.http.front import FrontRunner
 from ncap.testing.fake_upstream import STATE, FakeState
 from ncap.testing.fake_upstream import create_app as create_fake_app
 
@@ -46,7 +47,10 @@ class ServerThread:
 
     async def _start(self) -> None:
         self.app = self._factory()
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=0.5)
+        # as ``ncap serve`` serves it: the completion routes by ncap's front
+        self._runner = FrontRunner(
+            self.app, front_of(self.app), access_log=None, shutdown_timeout=0.5
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

@@ -79,11 +79,10 @@ def serve(
     instance_id: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the gateway."""
-    from aiohttp import web
-
     from ncap.cli.workers import refuse_unshared, supervise
     from ncap.errors import ConfigError
-    from ncap.http.app import create_app
+    from ncap.http.app import create_app, front_of
+    from ncap.http.front import run
 
     cfg = load_or_exit(config)
     _warn(cfg, config)
@@ -117,13 +116,13 @@ def serve(
         raise typer.Exit(2) from None
     gateway.on_startup.append(_settle_the_heap)
     where = f"http://{server.host}:{server.port}"
-    web.run_app(
+    run(
         gateway,
+        front_of(gateway),
         host=server.host,
         port=server.port,
-        access_log=None,
         # called once the socket is bound: a busy port fails before saying it listens
-        print=lambda _text: err.print(f"ncap listening on {where}", highlight=False),
+        on_listening=lambda: err.print(f"ncap listening on {where}", highlight=False),
         reuse_port=reuse_port or None,
     )
 

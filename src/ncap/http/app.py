@@ -15,10 +15,9 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
-from functools import partial
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -27,6 +26,7 @@ from ncap.auth import hash_key
 from ncap.config import Config, Limits, Route
 from ncap.domain.grants import Grants, key_id
 from ncap.errors import (
+    BodyTooLarge,
     ConfigError,
     Forbidden,
     InvalidApiKey,
@@ -39,8 +39,9 @@ from ncap.http.admin import ADMIN_STORE, GRANTS, GRANTS_SYNC, GrantsSync, add_ad
 from ncap.http.alerts import BudgetAlerter, Webhook
 from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
+from ncap.http.front import Message
 from ncap.http.inflight import InFlightLimit
-from ncap.http.limits import body_at_hand, handler_limits, read_rest, write_stream
+from ncap.http.limits import body_at_hand, body_deadline, handler_limits, read_limited, write_stream
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, StoreGauges
 from ncap.http.openapi import add_openapi_route
@@ -56,7 +57,7 @@ from ncap.providers.base import RequestKind
 from ncap.stores import Identity, StoreOptions, Stores, open_stores
 from ncap.stores.ports import AdminChange, AdminStore
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "front_of"]
 
 log = logging.getLogger("ncap.http")
 _encode = msgspec.json.Encoder().encode
@@ -98,6 +99,16 @@ class RequestIds:
 
 
 REQUEST_IDS = web.AppKey("request_ids", RequestIds)
+FRONT_ROUTES = web.AppKey("front_routes", dict)
+
+
+def front_of(app: web.Application) -> Callable[[], tuple[dict[str, Any], Limits]] | None:
+    """What ``http.front`` serves itself for ``app`` (its completion routes and the
+    limits they keep), or None for an app without them."""
+    if FRONT_ROUTES not in app:
+        return None
+    return lambda: (app[FRONT_ROUTES], app[CONFIG].limits)
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -134,18 +145,27 @@ def guarded(handler: Handler) -> Handler:
     return guard
 
 
-def _error_answer(request: web.Request, exc: Exception) -> web.StreamResponse:
+def _error_answer(request: web.Request, exc: Exception) -> web.Response:
     """What a route answers for ``exc``, in OpenAI's envelope (the route guard's answer)."""
+    where = f"{request.method} {request.path}"
+    return _error_for(request.app[METRICS], where, exc, request.get(REQUEST_ID))
+
+
+def _error_for(
+    metrics_: Metrics, where: str, exc: Exception, request_id: str | None
+) -> web.Response:
+    """``_error_answer`` given the parts of the request it uses (``where``: its method
+    and path, for the log line of an internal error)."""
     if isinstance(exc, NcapError):
-        _count_refusal(request.app, exc)
-        response = error_response(exc, request.get(REQUEST_ID))
+        _count_refusal(metrics_, exc)
+        response = error_response(exc, request_id)
         if isinstance(exc, RequestTimeout):
             response.force_close()  # the rest of a stalled body is never waited for
         return response
     if isinstance(exc, web.HTTPException):
         return _http_exception(exc)
-    log_internal_error(log, f"internal error on {request.method} {request.path}", exc)
-    return error_response(NcapError("The gateway had an internal error."), request.get(REQUEST_ID))
+    log_internal_error(log, f"internal error on {where}", exc)
+    return error_response(NcapError("The gateway had an internal error."), request_id)
 
 
 def _add_fallback_routes(app: web.Application) -> None:
@@ -170,11 +190,11 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
     raise web.HTTPNotFound()
 
 
-def _count_refusal(app: web.Application, exc: NcapError) -> None:
+def _count_refusal(metrics_: Metrics, exc: NcapError) -> None:
     """Body-validation refusals by code; policy denials are counted by the lifecycle."""
     if isinstance(exc, InvalidRequest) and not isinstance(exc, PolicyDenied):
         multi = exc.param in MULTI_CANDIDATE_FIELDS
-        app[METRICS].validation_refused(str(exc.code), multi)
+        metrics_.validation_refused(str(exc.code), multi)
 
 
 def _http_exception(exc: web.HTTPException) -> web.Response:
@@ -217,17 +237,22 @@ def _classify_host(value: str) -> bool:
         return False
 
 
-def _keyless_refusal(request: web.Request) -> str | None:
+def _media_type(value: str | None) -> str:
+    """A ``Content-Type`` value's media type, lower-cased, without its parameters."""
+    return "" if value is None else value.partition(";")[0].strip().lower()
+
+
+def _keyless_refusal(method: str, headers: Mapping[str, str]) -> str | None:
     """Why a keyless request may not be served. Keyless mode serves programs on this
     machine, not web pages: a browser can be made to send a cross-site "simple" POST
     (``text/plain``, no preflight) or, by DNS rebinding, a same-origin one under
     another host name. So: a JSON body, a loopback ``Host``, and no ``Origin`` but a
     loopback one."""
-    headers = request.headers
+    content_type = headers.get("Content-Type")
     if (
-        request.method == "POST"
-        and headers.get("Content-Type") != "application/json"  # as the SDKs send it
-        and request.content_type != "application/json"  # with parameters, in any case
+        method == "POST"
+        and content_type != "application/json"  # as the SDKs send it
+        and _media_type(content_type) != "application/json"  # with parameters, in any case
     ):
         return "Keyless mode only serves requests with Content-Type: application/json."
     if not _loopback_host(headers.get("Host", "")):
@@ -240,17 +265,19 @@ def _keyless_refusal(request: web.Request) -> str | None:
     return None
 
 
-def _authenticate(request: web.Request, grants: Grants, retries: int | None = None) -> Caller:
+def _authenticate(
+    method: str, headers: Mapping[str, str], grants: Grants, retries: int | None = None
+) -> Caller:
     """The caller of a key in force (config's and admin-made, minus revoked ones);
     while no key was ever set, every request is workload ``default``, if it is one a
     local program sent (``_keyless_refusal``). ``retries``: the client's own retry
     number, recorded with the caller (built once, not copied to add it)."""
     if not grants.keys_required:
-        refusal = _keyless_refusal(request)
+        refusal = _keyless_refusal(method, headers)
         if refusal is not None:
             raise Forbidden(refusal + " Create an API key (`ncap keys create`) to serve others.")
         return Caller("default", "default", retries)
-    header = request.headers.get("Authorization", "")
+    header = headers.get("Authorization", "")
     if not header.strip():
         raise InvalidApiKey(
             "You didn't provide an API key. You need to provide your API key in an "
@@ -270,7 +297,12 @@ class Completions:
     """The completion endpoints (``/v1/chat/completions`` and the legacy
     ``/v1/completions``), with the app's parts every request uses resolved once, when the
     routes are added: each ``request.app[...]`` is a Python call into aiohttp's
-    ``Application``."""
+    ``Application``.
+
+    One handler, ``_serve``, over two ways in: ncap's front (``http.front``), which
+    serves these routes on every connection ``ncap serve`` accepts, and aiohttp's router
+    (a connection aiohttp already owns, or an app served by aiohttp alone), each an
+    ``_Exchange`` that reads the body and writes the answer its way."""
 
     def __init__(self, app: web.Application) -> None:
         self._ids = app[REQUEST_IDS]
@@ -279,41 +311,66 @@ class Completions:
         self._in_flight = app[IN_FLIGHT]
         self._limits = app[CONFIG].limits
         self._gateway = app[GATEWAY]
+        self._metrics = app[METRICS]
 
     def handlers(self) -> tuple[Handler, Handler]:
-        """The handlers of ``/v1/chat/completions`` and of the legacy ``/v1/completions``
-        (``n`` and ``best_of``, through the same lifecycle). Each is its own guard: it
-        answers errors as ``guarded`` does, so a request runs one coroutine fewer."""
-        return partial(self._serve, kind="chat"), partial(self._serve, kind="completions")
+        """aiohttp's handlers of ``/v1/chat/completions`` and of the legacy
+        ``/v1/completions`` (``n`` and ``best_of``, through the same lifecycle). Each is
+        its own guard: it answers errors as ``guarded`` does, so a request runs one
+        coroutine fewer."""
 
-    async def _serve(self, request: web.Request, kind: RequestKind) -> web.StreamResponse:
+        async def chat(request: web.Request) -> web.StreamResponse:
+            return await self._serve(_AiohttpExchange(request, self._metrics), "chat")
+
+        async def legacy(request: web.Request) -> web.StreamResponse:
+            return await self._serve(_AiohttpExchange(request, self._metrics), "completions")
+
+        return chat, legacy
+
+    def front_routes(self) -> dict[str, Callable[[Message], Awaitable[None]]]:
+        """The front's handlers, by path (each answers on the message's connection)."""
+
+        async def chat(message: Message) -> None:
+            await self._serve(_FrontExchange(message, self._metrics), "chat")
+
+        async def legacy(message: Message) -> None:
+            await self._serve(_FrontExchange(message, self._metrics), "completions")
+
+        return {"/v1/chat/completions": chat, "/v1/completions": legacy}
+
+    async def _serve(self, ex: _Exchange[_A], kind: RequestKind) -> _A:
         """The request's answer; an error answered as ``guarded`` answers it."""
         request_id = self._ids.next()
-        request[REQUEST_ID] = request_id
+        ex.begin(request_id)
         signals = self._signals
         try:
-            headers = request.headers
+            headers = ex.headers
             signals.begin(request_id, headers)
             retries = _client_retry_count(headers.get("x-stainless-retry-count"))
-            caller = _authenticate(request, self._grants, retries)
+            caller = _authenticate(ex.method, headers, self._grants, retries)
             signals.caller(request_id, caller)
             in_flight = self._in_flight
             in_flight.enter()
             try:
                 limits = self._limits
-                raw = body_at_hand(request, limits.max_body_bytes)
+                raw = ex.body_now(limits.max_body_bytes)
                 if raw is None:  # more of it is to come
-                    raw = await read_rest(request, limits.max_body_bytes, limits.body_timeout_s)
+                    async with body_deadline(limits.body_timeout_s):
+                        raw = await ex.read_body(limits.max_body_bytes)
                 gateway = self._gateway
                 if kind == "chat":
                     key = headers.get("Idempotency-Key")
                     reply = await gateway.chat(raw, caller, request_id, idempotency_key=key)
                 else:
                     reply = await gateway.completions(raw, caller, request_id)
+                reply.headers["x-request-id"] = request_id
+                signals.responded(request_id, reply.status)
                 stream = reply.stream
                 if stream is None:
-                    return _whole(reply, request_id, signals)
-                return await _write_stream(request, reply, stream, request_id, signals, limits)
+                    if not reply.settling:
+                        signals.end(request_id)
+                    return ex.whole(reply)
+                return await ex.stream(reply, stream, request_id, signals, limits)
             finally:
                 in_flight.leave()
         except Exception as exc:
@@ -321,10 +378,133 @@ class Completions:
                 _ended(signals, request_id, exc)
             except Exception as bug:  # the record's own failure is what the client gets
                 exc = bug
-            return _error_answer(request, exc)
+            return ex.error(exc, request_id)
         except BaseException as exc:  # cancelled: the client went away
             _ended(signals, request_id, exc)
             raise
+
+
+_A = TypeVar("_A", covariant=True)
+
+
+class _Exchange(Protocol[_A]):
+    """One request as ``Completions._serve`` sees it: its head, its body and how its
+    answer (of type ``_A``) is written."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def begin(self, request_id: str) -> None: ...
+
+    def body_now(self, limit: int) -> bytes | None: ...
+
+    async def read_body(self, limit: int) -> bytes: ...
+
+    def whole(self, reply: Reply) -> _A: ...
+
+    async def stream(
+        self,
+        reply: Reply,
+        stream: AsyncIterator[bytes],
+        request_id: str,
+        signals: RequestSignals,
+        limits: Limits,
+    ) -> _A: ...
+
+    def error(self, exc: Exception, request_id: str) -> _A: ...
+
+
+class _AiohttpExchange:
+    """A request aiohttp parsed: the answer is a response aiohttp writes."""
+
+    __slots__ = ("_metrics", "_request", "headers", "method")
+
+    def __init__(self, request: web.Request, metrics_: Metrics) -> None:
+        self._request = request
+        self._metrics = metrics_
+        self.headers = request.headers
+        self.method = request.method
+
+    def begin(self, request_id: str) -> None:
+        self._request[REQUEST_ID] = request_id
+
+    def body_now(self, limit: int) -> bytes | None:
+        return body_at_hand(self._request, limit)
+
+    async def read_body(self, limit: int) -> bytes:
+        raw = await read_limited(self._request, limit)
+        if raw is None:
+            raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
+        return raw
+
+    def whole(self, reply: Reply) -> web.StreamResponse:
+        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+    async def stream(
+        self,
+        reply: Reply,
+        stream: AsyncIterator[bytes],
+        request_id: str,
+        signals: RequestSignals,
+        limits: Limits,
+    ) -> web.StreamResponse:
+        request = self._request
+        response = web.StreamResponse(status=reply.status, headers=reply.headers)
+        await _relay(request, response, stream, request_id, signals, limits)
+        return response
+
+    def error(self, exc: Exception, request_id: str) -> web.StreamResponse:
+        request = self._request
+        return _error_for(self._metrics, f"{request.method} {request.path}", exc, request_id)
+
+
+class _FrontExchange:
+    """A request ncap's front parsed: the answer is written on its connection."""
+
+    __slots__ = ("_message", "_metrics", "headers", "method")
+
+    def __init__(self, message: Message, metrics_: Metrics) -> None:
+        self._message = message
+        self._metrics = metrics_
+        self.headers = message.headers
+        self.method = message.method
+
+    def begin(self, request_id: str) -> None:
+        pass
+
+    def body_now(self, limit: int) -> bytes | None:
+        return self._message.body_now(limit)
+
+    async def read_body(self, limit: int) -> bytes:
+        return await self._message.read_body(limit)
+
+    def whole(self, reply: Reply) -> None:
+        self._message.answer(reply.status, reply.headers, reply.body)
+
+    async def stream(
+        self,
+        reply: Reply,
+        stream: AsyncIterator[bytes],
+        request_id: str,
+        signals: RequestSignals,
+        limits: Limits,
+    ) -> None:
+        message = self._message
+        response = message.stream(reply.status, reply.headers)
+        if await _relay(message, response, stream, request_id, signals, limits):
+            await response.write_eof()
+
+    def error(self, exc: Exception, request_id: str) -> None:
+        message = self._message
+        response = _error_for(self._metrics, f"{message.method} {message.path}", exc, request_id)
+        body = response.body
+        assert isinstance(body, bytes)
+        # a body over the limit is not read to its end: the connection closes
+        close = response.keep_alive is False or isinstance(exc, BodyTooLarge)
+        message.answer(response.status, response.headers, body, close=close)
 
 
 def _ended(signals: RequestSignals, request_id: str, exc: BaseException) -> None:
@@ -354,43 +534,33 @@ def _client_retry_count(header: str | None) -> int | None:
     return value if value < 2**31 else None
 
 
-def _whole(reply: Reply, request_id: str, signals: RequestSignals) -> web.Response:
-    """A whole answer. One whose settlement the lifecycle runs beside it (``settling``)
-    has its record ended by the settlement service, once its tokens are known."""
-    reply.headers["x-request-id"] = request_id
-    signals.responded(request_id, reply.status)
-    if not reply.settling:
-        signals.end(request_id)
-    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-
-async def _write_stream(
-    request: web.Request,
-    reply: Reply,
+async def _relay(
+    request: Any,
+    response: Any,
     stream: AsyncIterator[bytes],
     request_id: str,
     signals: RequestSignals,
     limits: Limits,
-) -> web.StreamResponse:
-    reply.headers["x-request-id"] = request_id
-    signals.responded(request_id, reply.status)
-    response = web.StreamResponse(status=reply.status, headers=reply.headers)
+) -> bool:
+    """A streamed answer written as its chunks come; False when the client went away.
+    A whole answer whose settlement the lifecycle runs beside it (``Reply.settling``)
+    has its record ended by the settlement service, once its tokens are known."""
     try:
         # the stream is started before anything can fail, so that closing it always
         # runs its settlement and closes the upstream (its first event is already here)
         await write_stream(
             request, response, stream, limits, lambda: signals.first_chunk(request_id)
         )
+        return True
     except (ConnectionError, OSError):
-        pass  # the client went away; closing the stream cancels the upstream request
+        return False  # the client went away; closing the stream cancels the upstream request
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
         signals.end(request_id)  # every attempt of the stream is closed by now
-    return response
 
 
 async def list_models(request: web.Request) -> web.Response:
-    caller = _authenticate(request, request.app[GRANTS])
+    caller = _authenticate(request.method, request.headers, request.app[GRANTS])
     created = int(time.time())
     data = [
         {"id": alias, "object": "model", "created": created, "owned_by": "ncap"}
@@ -546,6 +716,7 @@ def _add_routes(app: web.Application, config: Config, stores: Stores, sessions: 
     """Every API endpoint (README.md, docs/operations.md), the dashboard, the admin API and
     the OpenAPI document."""
     completions = Completions(app)
+    app[FRONT_ROUTES] = completions.front_routes()
     chat, legacy = completions.handlers()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", legacy)
