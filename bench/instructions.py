@@ -49,6 +49,7 @@ BARE = {
     "server-app": "aiohttp+fixed",
     "server-lowlevel": "aiohttp-server+fixed",
     "server-protocol": "protocol+fixed",
+    "server-front": "front+fixed",
     "bare-protocol": "protocol+lean",
 }
 _PROBE = b'{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}'

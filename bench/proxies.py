@@ -35,6 +35,7 @@ KINDS = (
     "aiohttp-server+fixed",
     "protocol+fixed",
     "protocol+lean",
+    "front+fixed",
     "uvicorn-asgi+aiohttp",
     "granian-asgi+aiohttp",
     "granian-rsgi+aiohttp",
@@ -244,6 +245,34 @@ def run_protocol_server(port: int, forwarder: Forwarder) -> None:
     asyncio.run(serve())
 
 
+def run_front_server(port: int, forwarder: Forwarder) -> None:
+    """ncap's own HTTP/1.1 front (``ncap.http.front``) answering the completion path
+    with ``forwarder``'s answer: what the front costs a request, limits, keep-alive
+    and headers included."""
+    import asyncio
+
+    import uvloop
+    from aiohttp import web
+
+    from ncap.config import Limits
+    from ncap.http.front import FrontRunner, Message
+
+    async def chat(message: Message) -> None:
+        message.body_now(1 << 20)
+        status, data, ctype = await forwarder.post(b"")
+        message.answer(status, {"Content-Type": ctype}, data)
+
+    async def serve() -> None:
+        app = web.Application()
+        runner = FrontRunner(app, lambda: ({"/v1/chat/completions": chat}, Limits()))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    uvloop.install()
+    asyncio.run(serve())
+
+
 # --- raw ASGI (uvicorn, granian) ---
 
 Scope = MutableMapping[str, Any]
@@ -354,6 +383,8 @@ def main() -> None:
             run_protocol_server(args.port, FixedAnswer())
         case "protocol+lean":
             run_protocol_server(args.port, LeanForwarder(args.upstream))
+        case "front+fixed":
+            run_front_server(args.port, FixedAnswer())
         case "uvicorn-asgi+aiohttp":
             run_uvicorn(args.port, AiohttpForwarder(args.upstream))
         case "granian-asgi+aiohttp":

@@ -422,7 +422,8 @@ class FrontConnection(asyncio.Protocol):
         self._done_reading = False
         self._reading_paused = False
         self._last: Message | None = None  # the last message whose head was parsed
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # the handler of ``_serving``
+        self._serving: Message | None = None
         self.keep = True
         self.delegated = False
         self.idle_since: float | None = None
@@ -513,23 +514,38 @@ class FrontConnection(asyncio.Protocol):
             raise _HeadRefused("LineTooLong")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        raw = self._raw
-        limit = self._limits.max_header_bytes
-        if len(name) > limit or len(value) > limit:
-            raise _HeadRefused("LineTooLong")
-        if len(raw) >= self._limits.max_headers:
+        self._raw.append((name, value))  # checked once the head is whole (``_checked``)
+
+    def _checked(self, raw: list[tuple[bytes, bytes]]) -> CIMultiDictProxy[str]:
+        """A completion request's headers, once its head passed the limits aiohttp's
+        parser kept (a delegated request's head is aiohttp's to check): at most
+        ``max_headers``, no name or value over ``max_header_bytes`` (looked at only
+        when the bytes read for the head are more than that), no singleton twice."""
+        limits = self._limits
+        if len(raw) > limits.max_headers:
             raise _HeadRefused("TooManyHeaders")
-        lowered = name.lower()
-        if lowered in _SINGLETONS:
-            for seen, _ in raw:
-                if seen.lower() == lowered:
+        limit = limits.max_header_bytes
+        if self._head_size > limit:
+            for name, value in raw:
+                if len(name) > limit or len(value) > limit:
+                    raise _HeadRefused("LineTooLong")
+        lowered = {name.lower() for name, _ in raw}
+        if len(lowered) < len(raw):  # a name twice: allowed unless it is a singleton
+            seen: set[bytes] = set()
+            for name, _ in raw:
+                name = name.lower()
+                if name in seen and name in _SINGLETONS:
                     raise _HeadRefused("DuplicateHeader")
-        raw.append((name, value))
+                seen.add(name)
+        return CIMultiDictProxy(
+            CIMultiDict(
+                [(k.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for k, v in raw]
+            )
+        )
 
     def on_headers_complete(self) -> None:
         parser = self._parser
         self._in_head = False
-        self._head_size = 0
         message = Message(self, self._url, self._raw)
         message.method = method = parser.get_method().decode()
         message.version = parser.get_http_version()
@@ -547,16 +563,10 @@ class FrontConnection(asyncio.Protocol):
             self.delegated = True  # aiohttp answers it, and owns the connection after it
         else:
             message._limit = self._limits.max_body_bytes
-            message.headers = CIMultiDictProxy(
-                CIMultiDict(
-                    [
-                        (k.decode("latin-1"), v.decode("utf-8", "surrogateescape"))
-                        for k, v in self._raw
-                    ]
-                )
-            )
-            expect = message.headers.get("Expect")
+            message.headers = headers = self._checked(self._raw)
+            expect = headers.get("Expect")
             message.expect_continue = expect is not None and expect.lower() == "100-continue"
+        self._head_size = 0
         self._incoming = message
         self._last = message
         self._queue.append(message)
@@ -600,6 +610,7 @@ class FrontConnection(asyncio.Protocol):
         if message.kind is None:
             self._delegate(message)
             return
+        self._serving = message
         self.task = self._loop.create_task(self._serve(message))
 
     async def _serve(self, message: Message) -> None:
@@ -610,7 +621,8 @@ class FrontConnection(asyncio.Protocol):
         except Exception as exc:  # the handler answers its errors: this is a bug
             log_internal_error(log, f"internal error on {message.method} {message.path}", exc)
         finally:
-            if self.task is asyncio.current_task():
+            if self._serving is message:  # not the next message's task already
+                self._serving = None
                 self.task = None
             if self._current is message:  # the handler ended without a whole answer
                 self._current = None
