@@ -193,6 +193,14 @@ def test_another_route_hands_the_connection_to_aiohttp(gw: ServerThread) -> None
     assert json.loads(answers[1].body)["data"][0]["id"] == "fake-model"
     assert answers[2].body.rstrip().endswith(b"data: [DONE]")
     assert json.loads(answers[3].body)["object"] == "chat.completion"
+    with _connect(gw) as conn:  # what the front would refuse, aiohttp reads and refuses
+        reader = Reader(conn)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert [a.status for a in reader.read(1)] == [200]
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n")
+        answers = reader.read(2)
+        assert [a.status for a in answers] == [200, 400]
+        assert answers[1].headers["content-type"].startswith("text/plain")  # aiohttp's
     with _connect(gw) as conn:  # a body aiohttp reads as it comes, chunked or not
         reader = Reader(conn)
         head = b"POST /v1/models HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"

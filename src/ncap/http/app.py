@@ -41,7 +41,14 @@ from ncap.http.candidate_alerts import CandidateWatch
 from ncap.http.dashboard import DASHBOARD, MIN_ADMIN_KEY_LENGTH, Sessions, add_dashboard_routes
 from ncap.http.front import Message
 from ncap.http.inflight import InFlightLimit
-from ncap.http.limits import body_at_hand, body_deadline, handler_limits, read_limited, write_stream
+from ncap.http.limits import (
+    body_at_hand,
+    body_deadline,
+    handler_limits,
+    read_limited,
+    too_large,
+    write_stream,
+)
 from ncap.http.malformed import protocol_handler_args
 from ncap.http.observe import MULTI_CANDIDATE_FIELDS, StoreGauges
 from ncap.http.openapi import add_openapi_route
@@ -437,7 +444,7 @@ class _AiohttpExchange:
     async def read_body(self, limit: int) -> bytes:
         raw = await read_limited(self._request, limit)
         if raw is None:
-            raise BodyTooLarge(f"The request body is larger than {limit} bytes.")
+            raise too_large(limit)
         return raw
 
     def whole(self, reply: Reply) -> web.StreamResponse:

@@ -30,12 +30,14 @@ What it does for the completion routes (``POST /v1/chat/completions`` and
 
 Any other request goes to aiohttp, which owns the rest of the connection's life: once
 the answers before it are out, the message and every later one on the connection are
-handed to a fresh aiohttp ``RequestHandler`` as they arrive (each head as sent, each
-body as llhttp reads it, chunked again if it came chunked), over a transport that
-writes to this connection's socket. So the other routes (models, health, metrics,
-admin API, dashboard, OpenAPI) keep aiohttp's router, limits and responses, with
-keep-alive; a completion request on such a connection is served by aiohttp's route for
-it (the same handler, ``http.app.Completions``).
+handed to a fresh aiohttp ``RequestHandler``, over a transport that writes to this
+connection's socket: what was parsed so far re-serialized (each head as sent, each body
+as llhttp read it, chunked again if it came chunked: httptools does not say where in a
+read a message began), then, from the first read that ends on a message's end, the
+socket's bytes as they come (aiohttp parses them itself). So the other routes (models,
+health, metrics, admin API, dashboard, OpenAPI) keep aiohttp's router, limits and
+responses, with keep-alive; a completion request on such a connection is served by
+aiohttp's route for it (the same handler, ``http.app.Completions``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from ncap.config import Limits
-from ncap.errors import BodyTooLarge, InvalidRequest
+from ncap.errors import InvalidRequest
+from ncap.http.limits import too_large
 from ncap.logsafe import log_internal_error
 
 if TYPE_CHECKING:
@@ -186,11 +189,11 @@ class Message:
         if self.error is not None:
             raise self.error
         if self._size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         if not self.complete:
             length = self.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > limit:
-                raise _too_large(limit)
+                raise too_large(limit)
             return None
         parts = self._parts
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -264,10 +267,6 @@ class Message:
 
 
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
-
-
-def _too_large(limit: int) -> BodyTooLarge:
-    return BodyTooLarge(f"The request body is larger than {limit} bytes.")
 
 
 def _head(status: int, headers: Mapping[str, str], extra: str) -> bytes:
@@ -420,6 +419,7 @@ class FrontConnection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._handler: RequestHandler | None = None
         self._done_reading = False
+        self._relaying = False  # aiohttp reads the socket's bytes as they come
         self._reading_paused = False
         self._last: Message | None = None  # the last message whose head was parsed
         self.task: asyncio.Task[None] | None = None  # the handler of ``_serving``
@@ -442,8 +442,11 @@ class FrontConnection(asyncio.Protocol):
         self._server.opened(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._relaying:
+            self._handler.data_received(data)  # type: ignore[union-attr]
+            return
         if self._done_reading:
-            return  # aiohttp has the connection, or it is being refused or upgraded
+            return  # being refused or upgraded: nothing more is read
         if self._in_head or self._incoming is None:
             self._head_size += len(data)
             if self._head_size > self._server.head_bound:
@@ -459,8 +462,17 @@ class FrontConnection(asyncio.Protocol):
         else:
             if self._current is None and self._queue:
                 self._next()
+            self._relay_at_boundary()
+
+    def _relay_at_boundary(self) -> None:
+        """Once aiohttp has the connection and every byte read so far belongs to a
+        message it was given, the bytes that follow go to it as they come."""
+        if self._handler is not None and not self._in_head and self._incoming is None:
+            self._relaying = True
 
     def eof_received(self) -> bool:
+        if self._relaying:
+            return bool(self._handler.eof_received())  # type: ignore[union-attr]
         if self._handler is not None:
             if self._incoming is not None:  # the body aiohttp waits for will not come
                 self.close()
@@ -735,6 +747,7 @@ class FrontConnection(asyncio.Protocol):
             self._reading_paused = False
             if self._transport is not None:
                 self._transport.resume_reading()
+        self._relay_at_boundary()
 
 
 _REFUSAL = msgspec.json.encode(

@@ -1,11 +1,13 @@
 """Request limits the validator's structs cannot state, as config (``limits``) with sane
 defaults and OpenAI-shaped errors.
 
-- header line size and header count: aiohttp's parser enforces them (a 400 before any
-  handler runs; ``malformed.ProtocolLog`` keeps that to one log line);
-- the body size: ``body_at_hand`` and ``read_rest`` (413 ``request_too_large``), which
+- header line size and header count: ncap's front (``http.front``) checks them for the
+  completion routes, aiohttp's parser for the others (a 400 before any handler runs,
+  logged as one line: ``malformed.ProtocolLog`` for aiohttp's);
+- the body size: ``body_at_hand`` and ``read_limited`` (413 ``request_too_large``), which
   read until the body's end (a body that arrives in several TCP segments is read whole);
-- the body's arrival: ``read_rest`` and ``body_deadline`` give a client that sends the
+  the front's ``Message.body_now`` and ``read_body`` for the requests it parsed;
+- the body's arrival: ``body_deadline`` around the body read gives a client that sends the
   headers and then stalls ``body_timeout_s`` to send the whole body, then answer 408
   ``request_timeout`` and close the connection (the admin API and the dashboard's login
   form read their bodies under the same deadline);
@@ -41,7 +43,7 @@ __all__ = [
     "body_deadline",
     "handler_limits",
     "read_limited",
-    "read_rest",
+    "too_large",
     "write_stream",
 ]
 
@@ -68,7 +70,7 @@ def body_at_hand(request: web.Request, limit: int) -> bytes | None:
     without awaiting reads that cannot wait; None while more of it is to come. A body
     over ``limit`` or cut short is the client's error (413, 400)."""
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     content = request.content
     if not content.is_eof():
         return None
@@ -77,22 +79,11 @@ def body_at_hand(request: web.Request, limit: int) -> bytes | None:
     except _CUT_SHORT:
         raise _incomplete() from None
     if len(raw) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     return raw
 
 
-async def read_rest(request: web.Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body of a request whose body was not at hand (``body_at_hand`` gave
-    None), at most ``limit`` bytes, within ``timeout_s``; a body cut short is the
-    client's error."""
-    async with body_deadline(timeout_s):
-        raw = await read_limited(request, limit)
-    if raw is None:
-        raise _too_large(limit)
-    return raw
-
-
-def _too_large(limit: int) -> BodyTooLarge:
+def too_large(limit: int) -> BodyTooLarge:
     return BodyTooLarge(f"The request body is larger than {limit} bytes.")
 
 
