@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -70,8 +71,11 @@ class Reader:
         self.answers[-1].complete = True
 
     def read(self, count: int, timeout: float = 10) -> list[Answer]:
+        """Reads until ``count`` answers are whole (``count`` 0: one read)."""
         deadline = time.monotonic() + timeout
-        while sum(a.complete for a in self.answers) < count and not self.closed:
+        first = True
+        while (first or sum(a.complete for a in self.answers) < count) and not self.closed:
+            first = False
             self._conn.settimeout(max(0.01, deadline - time.monotonic()))
             data = self._conn.recv(65536)
             if not data:
@@ -302,3 +306,30 @@ def test_the_front_answers_with_what_aiohttp_wrote(
 def _without_ids(body: bytes) -> bytes:
     body = re.sub(rb'"(id|created)":\s*("[^"]*"|\d+)', b'"\\1":0', body)
     return re.sub(rb"req-[0-9a-f]+-[0-9a-f]+", b"req", body)
+
+
+def test_shutdown_lets_a_stream_in_flight_end_then_closes(
+    fake: tuple[str, FakeState], tmp_path: Path
+) -> None:
+    """The runner's cleanup (SIGTERM in ``ncap serve``) waits for an answer being
+    written, within the shutdown timeout; an idle connection is closed at once."""
+    slow = {"fake": {"headers": {"x-fake-fault": "slow_chunks=20"}}}
+    config = gateway_config(fake[0], tmp_path, routes=slow)
+    server = ServerThread(partial(create_app, config, instance_id="test-gw")).start()
+    stopper = threading.Thread(target=server.stop)
+    try:
+        with _connect(server) as idle, _connect(server) as conn:
+            reader = Reader(conn)
+            conn.sendall(_request(body=STREAM_BODY))
+            while not (reader.answers and reader.answers[0].status):
+                reader.read(0)  # the head and the first events
+            stopper.start()
+            [answer] = reader.read(1)
+            assert answer.complete and answer.body.rstrip().endswith(b"data: [DONE]")
+            assert reader.wait_closed()
+            assert Reader(idle).wait_closed()
+    finally:
+        if stopper.ident is None:
+            server.stop()
+        else:
+            stopper.join(30)

@@ -384,7 +384,7 @@ class FrontServer:
             self._sweep.cancel()
             self._sweep = None
         for conn in list(self.connections):
-            if conn.task is None:
+            if conn.task is None and not conn.handed_over:  # aiohttp's: its own shutdown
                 conn.close()
         tasks = [c.task for c in self.connections if c.task is not None]
         if tasks:
@@ -394,7 +394,7 @@ class FrontServer:
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
         for conn in list(self.connections):
-            if not conn.delegated:
+            if not conn.handed_over:
                 conn.close()
 
 
@@ -428,6 +428,11 @@ class FrontConnection(asyncio.Protocol):
         self.delegated = False
         self.idle_since: float | None = None
         self._lost = False
+
+    @property
+    def handed_over(self) -> bool:
+        """aiohttp owns this connection (its shutdown waits for its answers)."""
+        return self._handler is not None
 
     @property
     def closing(self) -> bool:
