@@ -179,6 +179,12 @@ def test_expect_100_continue_is_answered_before_the_body(gw: ServerThread) -> No
         conn.sendall(BODY)
         [answer] = Reader(conn).read(1)
     assert answer.status == 200
+    with _connect(gw) as conn:  # refused before the body: no 100, and the connection ends
+        reader = Reader(conn)
+        conn.sendall(head.replace(b"Host: localhost", b"Host: example.com"))  # keyless: 403
+        [answer] = reader.read(1)
+        assert answer.status == 403 and answer.headers["connection"] == "close"
+        assert reader.wait_closed()
 
 
 def test_another_route_hands_the_connection_to_aiohttp(gw: ServerThread) -> None:

@@ -248,13 +248,18 @@ class Message:
     ) -> None:
         """A whole answer, written at once."""
         conn = self._conn
-        keep = self.keep_alive and not close and not conn.closing
+        keep = self.keep_alive and not close and not conn.closing and not self._unsent()
         extra = f"Content-Length: {len(body)}\r\n"
         if body and "Content-Type" not in headers and "content-type" not in headers:
             extra += "Content-Type: application/octet-stream\r\n"
         head = _head(status, headers, extra + self._connection(keep))
         conn.write(head + body if body else head)
         conn.answered(self, keep)
+
+    def _unsent(self) -> bool:
+        """Answered before a body the client holds back for ``100 Continue`` (never
+        sent): whether it will send that body is its choice, so the connection ends."""
+        return self.expect_continue and not self.complete
 
     def _connection(self, keep: bool) -> str:
         if keep:
@@ -300,6 +305,7 @@ class StreamAnswer:
         self.prepared = True
         message = self._message
         keep = message.keep_alive and self._chunked and not self._conn.closing
+        keep = keep and not message._unsent()
         extra = "Transfer-Encoding: chunked\r\n" if self._chunked else ""
         if "Content-Type" not in self._headers and "content-type" not in self._headers:
             extra += "Content-Type: application/octet-stream\r\n"
