@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 CONFIG ?=
 
-.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-request-levers bench-gateway bench-stream bench-stream-profile bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence bench-stream-instructions bench-report fuzz soak audit clean
+.PHONY: setup serve test lint typecheck unit mutation bench bench-instructions bench-front-instructions bench-request-levers bench-gateway bench-stream bench-stream-profile bench-ledger bench-rss bench-profile bench-stack bench-engine bench-engine-tools bench-engine-timeouts bench-export bench-telemetry bench-evidence bench-stream-instructions bench-report fuzz soak audit clean
 
 setup:
 	@scripts/setup.sh
@@ -75,6 +75,10 @@ bench-stream-instructions: setup
 # user-space instructions per request under callgrind: steady on a busy machine
 bench-instructions: setup
 	$(BIN)/python bench/instructions.py --setups bare,bare-lean,ncap-memory,ncap,ncap-shared --requests 2000
+
+# the HTTP front's own instructions per request, one concern switched off at a time
+bench-front-instructions: setup
+	$(BIN)/python bench/front_instructions.py
 
 # the same, with one concern of the request path switched off at a time (by cause)
 bench-request-levers: setup
