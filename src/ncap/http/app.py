@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -377,7 +378,10 @@ class Completions:
                     if not reply.settling:
                         signals.end(request_id)
                     return ex.whole(reply)
-                return await ex.stream(reply, stream, request_id, signals, limits)
+                relay = partial(
+                    _relay, stream=stream, request_id=request_id, signals=signals, limits=limits
+                )
+                return await ex.stream(reply, relay)
             finally:
                 in_flight.leave()
         except Exception as exc:
@@ -392,6 +396,8 @@ class Completions:
 
 
 _A = TypeVar("_A", covariant=True)
+# ``_relay`` with the stream and its request's parts bound: (request, response) -> written
+_Relay = Callable[[Any, Any], Awaitable[bool]]
 
 
 class _Exchange(Protocol[_A]):
@@ -412,14 +418,7 @@ class _Exchange(Protocol[_A]):
 
     def whole(self, reply: Reply) -> _A: ...
 
-    async def stream(
-        self,
-        reply: Reply,
-        stream: AsyncIterator[bytes],
-        request_id: str,
-        signals: RequestSignals,
-        limits: Limits,
-    ) -> _A: ...
+    async def stream(self, reply: Reply, relay: _Relay) -> _A: ...
 
     def error(self, exc: Exception, request_id: str) -> _A: ...
 
@@ -450,17 +449,9 @@ class _AiohttpExchange:
     def whole(self, reply: Reply) -> web.StreamResponse:
         return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
 
-    async def stream(
-        self,
-        reply: Reply,
-        stream: AsyncIterator[bytes],
-        request_id: str,
-        signals: RequestSignals,
-        limits: Limits,
-    ) -> web.StreamResponse:
-        request = self._request
+    async def stream(self, reply: Reply, relay: _Relay) -> web.StreamResponse:
         response = web.StreamResponse(status=reply.status, headers=reply.headers)
-        await _relay(request, response, stream, request_id, signals, limits)
+        await relay(self._request, response)
         return response
 
     def error(self, exc: Exception, request_id: str) -> web.StreamResponse:
@@ -491,17 +482,10 @@ class _FrontExchange:
     def whole(self, reply: Reply) -> None:
         self._message.answer(reply.status, reply.headers, reply.body)
 
-    async def stream(
-        self,
-        reply: Reply,
-        stream: AsyncIterator[bytes],
-        request_id: str,
-        signals: RequestSignals,
-        limits: Limits,
-    ) -> None:
+    async def stream(self, reply: Reply, relay: _Relay) -> None:
         message = self._message
         response = message.stream(reply.status, reply.headers)
-        if await _relay(message, response, stream, request_id, signals, limits):
+        if await relay(message, response):
             await response.write_eof()
 
     def error(self, exc: Exception, request_id: str) -> None:
@@ -544,6 +528,7 @@ def _client_retry_count(header: str | None) -> int | None:
 async def _relay(
     request: Any,
     response: Any,
+    *,
     stream: AsyncIterator[bytes],
     request_id: str,
     signals: RequestSignals,

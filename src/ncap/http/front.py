@@ -46,16 +46,15 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import httptools
 import msgspec
 from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time  # aiohttp's, formatted once a second
 from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -97,34 +96,7 @@ class _HeadRefused(Exception):
     """A head the front refuses before any handler sees it (a 400)."""
 
 
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
-
-
-_REASONS = {status: _reason(status) for status in range(100, 600)}
-
-
-class _Clock:
-    """The ``Date`` header, formatted once per second."""
-
-    __slots__ = ("_second", "_value")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._value = ""
-
-    def date(self) -> str:
-        second = int(time.time())
-        if second != self._second:
-            self._second = second
-            self._value = formatdate(second, usegmt=True)
-        return self._value
-
-
-_CLOCK = _Clock()
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
 
 
 class Message:
@@ -280,7 +252,7 @@ def _head(status: int, headers: Mapping[str, str], extra: str) -> bytes:
         raise ValueError("A control character in an answer's header.")
     return (
         f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n{lines}{extra}"
-        f"Date: {_CLOCK.date()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n"
+        f"Date: {rfc822_formatted_time()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n"
     ).encode()
 
 
@@ -289,7 +261,7 @@ class StreamAnswer:
     writer calls (``prepare``, ``write``, ``write_eof``): chunked on HTTP/1.1, the
     body until the connection closes on HTTP/1.0."""
 
-    __slots__ = ("_chunked", "_conn", "_headers", "_message", "_status", "prepared")
+    __slots__ = ("_chunked", "_conn", "_headers", "_keep", "_message", "_status", "prepared")
 
     def __init__(self, message: Message, status: int, headers: Mapping[str, str]) -> None:
         self._message = message
@@ -297,6 +269,7 @@ class StreamAnswer:
         self._status = status
         self._headers = headers
         self._chunked = message.version == "1.1"
+        self._keep = False
         self.prepared = False
 
     async def prepare(self, _request: Any = None) -> None:
@@ -309,7 +282,7 @@ class StreamAnswer:
         extra = "Transfer-Encoding: chunked\r\n" if self._chunked else ""
         if "Content-Type" not in self._headers and "content-type" not in self._headers:
             extra += "Content-Type: application/octet-stream\r\n"
-        self._conn.keep = keep
+        self._keep = keep
         await self._conn.send(_head(self._status, self._headers, extra + message._connection(keep)))
 
     async def write(self, chunk: bytes) -> None:
@@ -324,8 +297,7 @@ class StreamAnswer:
             await self.prepare()
         if self._chunked:
             self._conn.write(_LAST_CHUNK)
-        conn = self._conn
-        conn.answered(self._message, conn.keep)
+        self._conn.answered(self._message, self._keep)
 
 
 Serve = Callable[[Message], Any]  # a coroutine function answering one completion message
@@ -339,17 +311,16 @@ class FrontServer:
         aiohttp_server: web.Server,
         serve: dict[str, Serve],
         limits: Limits,
-        *,
-        keepalive_s: float | None = None,
     ) -> None:
         self.aiohttp = aiohttp_server
         self.serve = serve
         self.limits = limits
-        self.keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
+        self.keepalive_s = KEEPALIVE_S
         self.connections: set[FrontConnection] = set()
         self.closing = False
         self._sweep: asyncio.TimerHandle | None = None
-        self._head_bound = limits.max_headers * 2 * (limits.max_header_bytes + 4) + 2 * (
+        # the most bytes a head may take before it is refused (memory, not the limits)
+        self.head_bound = limits.max_headers * 2 * (limits.max_header_bytes + 4) + 2 * (
             limits.max_header_bytes + 16
         )
 
@@ -359,11 +330,6 @@ class FrontServer:
     def serve_kind(self, method: str, path: str) -> str | None:
         """The path of the front's own handler for a request, None for aiohttp's."""
         return path if method == "POST" and path in self.serve else None
-
-    @property
-    def head_bound(self) -> int:
-        """The most bytes a head may take before it is refused (memory, not the limits)."""
-        return self._head_bound
 
     def opened(self, conn: FrontConnection) -> None:
         self.connections.add(conn)
@@ -430,10 +396,10 @@ class FrontConnection(asyncio.Protocol):
         self._last: Message | None = None  # the last message whose head was parsed
         self.task: asyncio.Task[None] | None = None  # the handler of ``_serving``
         self._serving: Message | None = None
-        self.keep = True
         self.delegated = False
         self.idle_since: float | None = None
         self._lost = False
+        self._eof = False  # the client half-closed
 
     @property
     def handed_over(self) -> bool:
@@ -493,7 +459,7 @@ class FrontConnection(asyncio.Protocol):
         if incoming is not None:
             incoming._cut()
         if self._current is not None or self._queue:
-            self.keep = False
+            self._eof = True  # closed after the answer
             return True  # half-closed: the answer can still be written
         return False
 
@@ -661,7 +627,7 @@ class FrontConnection(asyncio.Protocol):
         if self._current is not message:
             return
         self._current = None
-        if not keep or self.closing or self._lost:
+        if not keep or self.closing or self._lost or self._eof:
             self.close()
             return
         if not message.complete:  # the client is still sending its body: read, then drop
@@ -716,7 +682,8 @@ class FrontConnection(asyncio.Protocol):
 
     def _write_refusal(self) -> None:
         body = _REFUSAL
-        head = _head(400, {"Content-Type": "application/json"}, _refusal_extra(body))
+        extra = f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+        head = _head(400, {"Content-Type": "application/json"}, extra)
         with contextlib.suppress(ConnectionResetError):
             self.write(head + body)
         self.close()
@@ -771,10 +738,6 @@ _REFUSAL = msgspec.json.encode(
         }
     }
 )
-
-
-def _refusal_extra(body: bytes) -> str:
-    return f"Content-Length: {len(body)}\r\nConnection: close\r\n"
 
 
 def _peer(peer: Any) -> str:
