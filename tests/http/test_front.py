@@ -339,3 +339,23 @@ def test_shutdown_lets_a_stream_in_flight_end_then_closes(
             server.stop()
         else:
             stopper.join(30)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["a\r\nInjected: yes", "a\nb", "a\rb", "a\x00b", "a\x1bb", "a\x7fb"],
+    ids=["crlf", "lf", "cr", "nul", "esc", "del"],
+)
+def test_an_answer_header_with_a_control_character_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="control character"):
+        front._head(200, {"Content-Type": "application/json", "x-value": value}, "")
+    with pytest.raises(ValueError, match="control character"):
+        front._head(200, {f"x-{value}": "v"}, "")
+
+
+def test_an_answer_header_may_hold_a_tab_and_non_ascii_text() -> None:
+    head = front._head(200, {"x-tab": "a\tb", "x-text": "café ✓"}, "Content-Length: 0\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK"
+    assert "x-tab: a\tb" in lines and "x-text: café ✓" in lines
+    assert head.endswith(b"\r\n\r\n") and head.count(b"\r\n") == len(lines) - 1

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -87,7 +86,9 @@ _SINGLETONS = frozenset(
         b"user-agent",
     }
 )
-_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # in an answer's header (aiohttp's rule)
+# the bytes an answer's header line may hold besides its ending CRLF: aiohttp's rule
+# refuses every control character but the tab (and so a CR or LF inside a value)
+_HEADER_SAFE = b"\t" + bytes(range(0x20, 0x7F)) + bytes(range(0x80, 0x100))
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 
@@ -248,7 +249,10 @@ _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 def _head(status: int, headers: Mapping[str, str], extra: str) -> bytes:
     lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-    if _FORBIDDEN.search(lines.replace("\r\n", "")) is not None:
+    # what is left once the safe bytes are deleted: each line's CRLF, and any control
+    # character of a name or value (one C pass, where a regular expression's character
+    # class costs tens of instructions a character)
+    if len(lines.encode().translate(None, _HEADER_SAFE)) != 2 * len(headers):
         raise ValueError("A control character in an answer's header.")
     return (
         f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n{lines}{extra}"
