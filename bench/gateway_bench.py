@@ -217,7 +217,7 @@ def ncap_config_text(
 ) -> str:
     """``default``: the shipped default; ``memory``: both stores in memory;
     ``ledger-full``: SQLite ledger (synchronous FULL) and in-process budgets;
-    ``sqlite``: SQLite ledger and SQLite budgets, both FULL (the pre-issue-8 default);
+    ``sqlite``: SQLite ledger and SQLite budgets, both FULL (an earlier default);
     ``shared``: the given PostgreSQL ledger and Redis budgets."""
     if stores == "shared":
         assert shared is not None

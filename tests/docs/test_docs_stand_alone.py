@@ -27,7 +27,7 @@ INDEX = DECISIONS / "README.md"
 # What a reader of the repository cannot follow: a tracker's issue number, a work
 # session, a section of a spec kept outside the repository, or that spec's folder.
 CITATIONS = {
-    "issue number": re.compile(r"\b[Ii]ssues?\s+#?\d+"),
+    "issue number": re.compile(r"\b[Ii]ssues?[\s-]+#?\d+"),
     "session number": re.compile(r"\b[Ss]essions?\s+#?\d+"),
     "spec section": re.compile(r"§|\bSPEC\b|\bAppendix\s+[A-Z]\b"),
     "outside folder": re.compile(r"\.\./shared\b|/work/shared\b"),
@@ -208,6 +208,7 @@ def code_files() -> list[Path]:
         '"""One durable row per attempt (SPEC §7)."""',
         "(the shape of SPEC Appendix A)",
         "the default before issue 8, with litellm beside it",
+        "both FULL (the pre-issue-8 default)",
         "# see ../shared/SPEC.md",
     ],
 )
