@@ -49,6 +49,9 @@ class DictLedgerStore:
             raise DuplicateAttempt(event.request_id, event.attempt)
         self.rows[key] = event
 
+    async def append_reserved(self, event: LedgerEvent) -> None:
+        await self.append(event)
+
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         self._check_open()
         check_update_fields(fields)

@@ -182,7 +182,7 @@ class Accounting:
         row = self.row(plan, 1, plan.usable_routes[0], state="reserved", at=plan.timestamp)
         reserved, written = await asyncio.gather(
             self.reserve(plan, holds, 1, at=plan.timestamp),
-            self.ledger.append(row),
+            self.ledger.append_reserved(row),
             return_exceptions=True,
         )
         if isinstance(written, BaseException):
@@ -420,7 +420,7 @@ class Accounting:
             at = plan.timestamp if number == 1 else None  # dispatched as it was admitted
             row = self.row(plan, number, rt, state="reserved", at=at)
             try:
-                await self.ledger.append(row)
+                await self.ledger.append_reserved(row)
             except StoreUnavailable:
                 self.void_later(row)  # it may still commit: recorded as refused then
                 raise

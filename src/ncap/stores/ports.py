@@ -123,6 +123,15 @@ class LedgerStore(Protocol):
         """Durable when it returns; raises on any write failure or a duplicate attempt."""
         ...
 
+    async def append_reserved(self, event: LedgerEvent) -> None:
+        """``append`` of an attempt's ``reserved`` row whose key the gateway has just
+        made (its own request id, the next attempt number), before that attempt is
+        dispatched: durable when it returns, as ``append``, but the store may make it
+        durable its own cheaper way and put it in its table a moment later (the
+        embedded SQLite ledger: a line in a journal file, docs/decisions). A
+        duplicate key cannot come from a key just made, so it is not raised here."""
+        ...
+
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         """Overwrite columns of one attempt; ``KeyError`` when the row does not exist."""
         ...

@@ -146,6 +146,9 @@ class PostgresLedgerStore:
     async def append(self, event: LedgerEvent) -> None:
         await self._submit(_Write("append", (event.request_id, event.attempt), _encode_row(event)))
 
+    async def append_reserved(self, event: LedgerEvent) -> None:
+        await self.append(event)  # a subclass's ``append`` included
+
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         check_update_fields(fields)
         if fields:

@@ -206,6 +206,22 @@ class SQLiteWriter:
         result: T = await job.future
         return result
 
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue one statement that rides along (``run``'s ``ride_along``) without
+        waiting for it: its outcome is the returned future's, for a done-callback. The
+        caller made the write durable some other way (the ledger's journal)."""
+        if self._closed:
+            raise RuntimeError(f"SQLite store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, loop, loop.create_future(), True, True)
+        self._pending.append(job)
+        if self._scheduled_on is not loop and (
+            self._ride_timer is None or self._ride_loop is not loop
+        ):
+            self._ride_loop = loop
+            self._ride_timer = loop.call_later(RIDE_ALONG_S, self._hand_over)
+        return job.future
+
     def _hand_over(self) -> None:
         """Commit everything queued in this loop tick: here when inline and nothing is
         still in the thread, else in the writer thread, in one put."""

@@ -13,6 +13,7 @@ Timestamps are stored as fixed-width UTC ISO text
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ from ncap.stores.sqlite.connection import (
     Synchronous,
     connect,
 )
+from ncap.stores.sqlite.journal import Journal, recover, remove
 
 __all__ = ["SQLiteLedgerStore", "export_rows"]
 
@@ -89,10 +91,34 @@ class SQLiteLedgerStore:
         self.path = Path(path)
         self._writer = SQLiteWriter(self.path, MIGRATIONS, synchronous=synchronous)
         self._reader = SQLiteReader(self.path)
+        # the reserved rows' journal: where a commit is as durable as a write(2) to a
+        # file (NORMAL, committed inline), an attempt waits for that write instead
+        self._journal: Journal | None = None
+        if self._writer.inline:
+            _recover_now(self.path)
+            self._journal = Journal(self.path)
 
     async def append(self, event: LedgerEvent) -> None:
         row = _encode_row(event)
         await self._writer.run(lambda conn: _insert(conn, event, row), single_statement=True)
+
+    async def append_reserved(self, event: LedgerEvent) -> None:
+        """Durable once written to the journal (``sqlite/journal.py``); the INSERT rides
+        along with the next commit, and ``update`` of the row commits after it."""
+        journal = self._journal
+        if journal is None:
+            await self.append(event)
+            return
+        row = _encode_row(event)
+        journal.write(row)
+        inserted = self._writer.submit(lambda conn: _insert(conn, event, row))
+        inserted.add_done_callback(journal.written)
+        await asyncio.sleep(0)  # the loop's turn, as a commit gives it
+
+    async def _flush(self) -> None:
+        """Journaled rows into the table before a read that must see them."""
+        if self._journal is not None and self._journal.unwritten:
+            await self._writer.run(_nothing, single_statement=True)
 
     async def update(self, request_id: str, attempt: int, /, **fields: Any) -> None:
         check_update_fields(fields)
@@ -129,12 +155,14 @@ class SQLiteLedgerStore:
             await self._writer.run(lambda conn: _update_all(conn, rows), ride_along=True)
 
     async def get(self, request_id: str) -> list[LedgerEvent]:
+        await self._flush()
         sql = f"{_SELECT} WHERE request_id = ? ORDER BY attempt"
         return await self._reader.run(lambda conn: _fetch(conn, sql, (request_id,)))
 
     async def export(
         self, since: datetime | None = None, until: datetime | None = None
     ) -> AsyncIterator[LedgerEvent]:
+        await self._flush()
         after: tuple[str, str, int] = (_ts(since) if since else "", "", -1)
         end = _ts(until) if until else "~"  # '~' sorts after every timestamp
         while True:
@@ -147,15 +175,18 @@ class SQLiteLedgerStore:
             after = (_ts(last.timestamp), last.request_id, last.attempt)
 
     async def held_rows(self) -> AsyncIterator[LedgerEvent]:
+        await self._flush()
         for event in await self._reader.run(lambda conn: _fetch(conn, _HELD_ROWS, ())):
             yield event
 
     async def spent_totals(self, since: datetime) -> AsyncIterator[SpentTotal]:
+        await self._flush()
         stamp = _ts(since)
         for total in await self._reader.run(lambda conn: _spent_totals(conn, stamp)):
             yield total
 
     async def pending(self, reserved_before: datetime | None = None) -> list[LedgerEvent]:
+        await self._flush()
         stamp = _ts(reserved_before) if reserved_before else None
         return await self._reader.run(lambda conn: _fetch(conn, _PENDING, (stamp, stamp)))
 
@@ -167,6 +198,9 @@ class SQLiteLedgerStore:
         reason: str = "gateway_lost",
     ) -> int:
         stamp = _ts(before) if before else None
+        # a dead peer's journal first (its rows may not be in the table yet)
+        found = await self._writer.run(lambda conn: recover(conn, self.path))
+        remove(found)
         return await self._writer.run(
             lambda conn: _mark_lost(conn, gateway_instance, stamp, reason)
         )
@@ -190,6 +224,32 @@ class SQLiteLedgerStore:
     async def close(self) -> None:
         await self._writer.close()
         await self._reader.close()
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            journal.close()
+            # whatever the last commit did not write (it failed) goes in now, or stays
+            # in the file for the next start
+            await asyncio.to_thread(_recover_now, self.path)
+
+
+def _nothing(conn: sqlite3.Connection) -> None:
+    """A job that only makes the writer commit what is queued before it."""
+
+
+def _recover_now(path: Path) -> None:
+    """The rows of journals no live process holds, inserted and committed."""
+    conn = connect(path)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            found = recover(conn, path)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        remove(found)
+    finally:
+        conn.close()
 
 
 def _ts(value: datetime) -> str:
