@@ -12,9 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from ncap.domain.events import LEDGER_COLUMNS, LedgerEvent
 from ncap.stores import SQLiteLedgerStore
+from ncap.stores.sqlite import journal as journal_module
 from ncap.stores.sqlite.journal import SUFFIX
 
 
@@ -199,3 +201,25 @@ async def test_at_full_durability_a_reserved_row_is_committed_before_it_returns(
         assert _table(path) == [("req-f", "reserved")]
     finally:
         await store.close()
+
+
+async def test_under_steady_load_the_journal_moves_on_to_new_files_and_removes_old_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "ROTATE_BYTES", 300)
+    path = tmp_path / "ledger.db"
+    store = SQLiteLedgerStore(path)
+    try:
+        # rows keep coming while the earlier ones are still on their way to the table
+        for i in range(12):
+            await store.append_reserved(_event(f"req-{i:02d}"))
+        assert len(_journals(path)) > 2
+        await store.get("req-00")  # everything queued is committed
+        for _ in range(5):  # the INSERTs' done-callbacks
+            await asyncio.sleep(0)
+        [left] = _journals(path)
+        assert left.read_bytes() == b""
+        assert [rid for rid, _ in _table(path)] == [f"req-{i:02d}" for i in range(12)]
+    finally:
+        await store.close()
+    assert _journals(path) == []

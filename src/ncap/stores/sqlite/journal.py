@@ -9,12 +9,16 @@ docs/decisions/sqlite-reserved-rows-journal.md). So ``append_reserved`` writes t
 here and hands its INSERT to the group commit as a write that rides along (it joins
 the next commit, or commits on its own within ``RIDE_ALONG_S``).
 
-Each open ledger has its own file beside the ledger's, ``<ledger>.reserved-<pid>-<n>``,
-locked (``flock``) while it is open. Its first line names the columns, each later line
-is one row (a JSON array in that order, values as the table stores them). The file is
-emptied whenever every row written to it is in the table, and removed when the ledger
-closes. A file no live process holds belongs to a process that ended without closing
-its ledger (a crash, a ``kill -9``): ``recover`` inserts its rows that the table lacks
+Each open ledger writes its own files beside the ledger's,
+``<ledger>.reserved-<pid>-<n>.<generation>``, each locked (``flock``) while it is in use.
+A file's first line names the columns, each later line is one row (a JSON array in that
+order, values as the table stores them). The file in use is emptied whenever every row
+written to it is in the table; past ``ROTATE_BYTES`` the next rows go to a new file,
+and the older one is removed once its rows are in the table (under steady load some
+row is always on its way). All are removed when the ledger closes.
+
+A file no live process holds belongs to a process that ended without closing its
+ledger (a crash, a ``kill -9``): ``recover`` inserts its rows that the table lacks
 (``INSERT OR IGNORE``: a row already written, and perhaps settled since, is kept as it
 is), then removes it, when a ledger opens and before a sweep marks lost rows. A last
 line cut short by an OS crash is skipped: its ``append_reserved`` had not returned, so
@@ -43,70 +47,112 @@ __all__ = ["SUFFIX", "Journal", "recover", "remove"]
 log = logging.getLogger("ncap.stores.sqlite")
 
 SUFFIX = ".reserved-"
+# a journal file past this size gives way to a new one (about a thousand rows)
+ROTATE_BYTES = 1 << 20
 _HEADER = msgspec.json.encode(list(LEDGER_COLUMNS)) + b"\n"
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 _NUMBERS = itertools.count(1)
 
 
-class Journal:
-    """This process's journal of one ledger file (the module docstring)."""
+class _File:
+    """One of a journal's files and the rows in it whose INSERT has not ended yet."""
 
-    def __init__(self, ledger: Path) -> None:
-        # one file per store object: a process may open one ledger twice
-        self.path = ledger.with_name(f"{ledger.name}{SUFFIX}{os.getpid()}-{next(_NUMBERS)}")
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    __slots__ = ("fd", "kept", "path", "size", "unwritten")
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.ftruncate(fd, 0)  # recovered already, if an earlier process of this pid left it
         except BaseException:
             os.close(fd)
             raise
-        self._fd: int | None = fd
-        self._empty = True
-        # rows written here whose INSERT has not ended yet
+        self.path = path
+        self.fd = fd
+        self.size = 0
         self.unwritten = 0
         # a row here could not be put in the table: the file stays for the next start
         self.kept = False
 
-    def write(self, row: list[Any]) -> None:
-        """``row`` (``LEDGER_COLUMNS`` order, encoded as the table stores it) durable
-        against a killed process when this returns."""
-        fd = self._fd
-        if fd is None:
-            raise RuntimeError(f"the journal {self.path} is closed")
+
+class Journal:
+    """This ledger's journal (the module docstring). Under steady load some row is
+    always on its way to the table, so a file is never found empty of pending rows:
+    past ``ROTATE_BYTES`` the journal moves on to a new file, and an older file is
+    removed once every row in it is in the table."""
+
+    def __init__(self, ledger: Path) -> None:
+        # one name per store object: a process may open one ledger twice
+        self._base = f"{ledger.name}{SUFFIX}{os.getpid()}-{next(_NUMBERS)}"
+        self._dir = ledger.parent
+        self._generations = itertools.count(1)
+        self._file: _File | None = self._open()
+        self._older: list[_File] = []
+
+    def _open(self) -> _File:
+        return _File(self._dir / f"{self._base}.{next(self._generations)}")
+
+    @property
+    def unwritten(self) -> int:
+        """Rows written here whose INSERT has not ended yet."""
+        current = self._file.unwritten if self._file is not None else 0
+        return current + sum(f.unwritten for f in self._older)
+
+    def write(self, row: list[Any]) -> _File:
+        """``row`` (``LEDGER_COLUMNS`` order, encoded as the table stores them) durable
+        against a killed process when this returns; returns the file that holds it,
+        for ``written``."""
+        file = self._file
+        if file is None:
+            raise RuntimeError(f"the journal {self._base} is closed")
+        if file.size > ROTATE_BYTES:
+            self._older.append(file)
+            file = self._file = self._open()
         data = _encode(row) + b"\n"
-        if self._empty:
+        if not file.size:
             data = _HEADER + data
         view = memoryview(data)
         while view:  # a regular file takes it whole, unless the disk is full
-            view = view[os.write(fd, view) :]
-        self._empty = False
-        self.unwritten += 1
+            view = view[os.write(file.fd, view) :]
+        file.size += len(data)
+        file.unwritten += 1
+        return file
 
-    def written(self, future: asyncio.Future[Any]) -> None:
-        """The done-callback of a journaled row's INSERT."""
-        self.unwritten -= 1
+    def written(self, file: _File, future: asyncio.Future[Any]) -> None:
+        """The done-callback of the INSERT of a row in ``file``."""
+        file.unwritten -= 1
         error = None if future.cancelled() else future.exception()
         if future.cancelled() or (error is not None and not isinstance(error, DuplicateAttempt)):
-            self.kept = True
+            file.kept = True
             log.error(
                 "a reserved row is in %s but not in the ledger's table (%s); the next start "
                 "of a gateway on this ledger inserts it",
-                self.path.name,
+                file.path.name,
                 "cancelled" if error is None else type(error).__name__,
             )
         elif error is not None:  # a key made by this gateway cannot exist already
             log.error("a reserved row's key was in the ledger already: %s", error)
-        if not self.unwritten and not self.kept and self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            self._empty = True
+        if file.unwritten or file.kept or file.fd < 0:
+            return
+        if file is self._file:
+            os.ftruncate(file.fd, 0)
+            file.size = 0
+        elif file in self._older:
+            self._older.remove(file)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(file.path)
+            os.close(file.fd)
+            file.fd = -1
 
     def close(self) -> None:
-        """Release the file (its rows, if any, are recovered by ``remove``)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        """Release the files (rows left in them, if any, are recovered by ``recover``)."""
+        files = [*self._older, *([self._file] if self._file is not None else [])]
+        self._file, self._older = None, []
+        for file in files:
+            if file.fd >= 0:
+                os.close(file.fd)
+                file.fd = -1
 
 
 def recover(conn: sqlite3.Connection, ledger: Path) -> list[tuple[Path, int]]:

@@ -110,9 +110,9 @@ class SQLiteLedgerStore:
             await self.append(event)
             return
         row = _encode_row(event)
-        journal.write(row)
+        file = journal.write(row)
         inserted = self._writer.submit(lambda conn: _insert(conn, event, row))
-        inserted.add_done_callback(journal.written)
+        inserted.add_done_callback(partial(journal.written, file))
         await asyncio.sleep(0)  # the loop's turn, as a commit gives it
 
     async def _flush(self) -> None:
