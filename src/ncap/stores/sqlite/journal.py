@@ -61,10 +61,14 @@ class _File:
     __slots__ = ("fd", "kept", "path", "size", "unwritten")
 
     def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        # made under a name ``recover`` does not look at, locked, then renamed: a file
+        # under a journal's name is never found unlocked while its ledger is open
+        hidden = path.with_name(f".{path.name}")
+        fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.ftruncate(fd, 0)  # recovered already, if an earlier process of this pid left it
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.replace(hidden, path)  # an earlier process's file of this name: recovered
         except BaseException:
             os.close(fd)
             raise
