@@ -191,6 +191,19 @@ class SQLiteWriter:
         instead of paying one of its own (each commit writes the pages it touched to
         the WAL again, whatever the number of rows in it).
         """
+        result: T = await self._enqueue(fn, single_statement, ride_along)
+        return result
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue one statement that rides along (``run``'s ``ride_along``) without
+        waiting for it: its outcome is the returned future's, for a done-callback. The
+        caller made the write durable some other way (the ledger's journal)."""
+        return self._enqueue(fn, True, True)
+
+    def _enqueue(
+        self, fn: Callable[[sqlite3.Connection], T], single_statement: bool, ride_along: bool
+    ) -> asyncio.Future[T]:
+        """``fn`` queued for the next commit (``run``), its outcome the future's."""
         if self._closed:
             raise RuntimeError(f"SQLite store {self.path} is closed")
         loop = asyncio.get_running_loop()
@@ -203,23 +216,6 @@ class SQLiteWriter:
             elif self._ride_timer is None or self._ride_loop is not loop:
                 self._ride_loop = loop
                 self._ride_timer = loop.call_later(RIDE_ALONG_S, self._hand_over)
-        result: T = await job.future
-        return result
-
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
-        """Queue one statement that rides along (``run``'s ``ride_along``) without
-        waiting for it: its outcome is the returned future's, for a done-callback. The
-        caller made the write durable some other way (the ledger's journal)."""
-        if self._closed:
-            raise RuntimeError(f"SQLite store {self.path} is closed")
-        loop = asyncio.get_running_loop()
-        job = _Job(fn, loop, loop.create_future(), True, True)
-        self._pending.append(job)
-        if self._scheduled_on is not loop and (
-            self._ride_timer is None or self._ride_loop is not loop
-        ):
-            self._ride_loop = loop
-            self._ride_timer = loop.call_later(RIDE_ALONG_S, self._hand_over)
         return job.future
 
     def _hand_over(self) -> None:

@@ -198,12 +198,16 @@ class SQLiteLedgerStore:
         reason: str = "gateway_lost",
     ) -> int:
         stamp = _ts(before) if before else None
-        # a dead peer's journal first (its rows may not be in the table yet)
-        found = await self._writer.run(lambda conn: recover(conn, self.path))
-        remove(found)
-        return await self._writer.run(
-            lambda conn: _mark_lost(conn, gateway_instance, stamp, reason)
-        )
+
+        def sweep(conn: sqlite3.Connection) -> tuple[list[tuple[Path, int]], int]:
+            # a dead peer's journal first (its rows may not be in the table yet), in
+            # the same transaction as the rows it marks
+            found = recover(conn, self.path)
+            return found, _mark_lost(conn, gateway_instance, stamp, reason)
+
+        found, marked = await self._writer.run(sweep)
+        remove(found)  # once committed
+        return marked
 
     async def import_reconciliation(
         self, rows: Iterable[ReconciliationRow], *, pricing: Mapping[str, Pricing] | None = None
